@@ -1,0 +1,129 @@
+"""Evergreen's command line: each step of the loop without Airflow.
+
+    python -m tasks bootstrap --out runs/local/champion            # SFT the first champion (registry v1)
+    python -m tasks eval --model runs/local/champion --registry 1 2 [--against OTHER_MODEL]
+    python -m tasks rollout --model runs/local/champion --registry 2 --tasks 8 --out runs/local/rollouts
+    python -m tasks train --init runs/local/champion --run-dir runs/local/grpo
+    python -m tasks demo                                           # the whole loop, with a summary
+
+Settings come from include/config/pipeline.yaml and EVERGREEN_<SECTION>__<FIELD> variables; `--set
+grpo.steps=5` overrides one field for this command. Progress goes to stderr as log lines; results
+are printed as JSON on stdout.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+
+def _overrides(pairs: list[str]) -> dict:
+    out: dict = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise SystemExit(f"--set {pair!r}: expected SECTION.FIELD=VALUE, e.g. grpo.steps=5")
+        node = out
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
+    parser = argparse.ArgumentParser(prog="python -m tasks", description=__doc__.split("\n")[0])
+    parser.add_argument("--config", help="pipeline YAML (default include/config/pipeline.yaml)")
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE")
+    parser.add_argument("-v", "--verbose", action="store_true")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("bootstrap", help="SFT the tiny model into a registry-v1 champion")
+    p.add_argument("--out", required=True)
+    p = sub.add_parser("eval", help="held-out success (greedy and sampled) with bootstrap intervals")
+    p.add_argument("--model", required=True)
+    p.add_argument("--against", help="second model: paired-bootstrap difference model - against")
+    p.add_argument("--registry", nargs="+", default=["1", "2"])
+    p = sub.add_parser("rollout", help="one rollout batch on Ray; records written under --out")
+    p.add_argument("--model", required=True)
+    p.add_argument("--registry", default="2")
+    p.add_argument("--tasks", type=int, default=8)
+    p.add_argument("--out", required=True)
+    p = sub.add_parser("train", help="GRPO on Ray Train from --init; resumes from --run-dir's checkpoints")
+    p.add_argument("--init", required=True)
+    p.add_argument("--run-dir", required=True)
+    p.add_argument("--fail-at-step", type=int, help="raise at this step (fault-injection tests)")
+    sub.add_parser("demo", help="bootstrap, eval, GRPO against the target registry, eval, summary")
+    args = parser.parse_args(argv)
+
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    from tasks.config import SettingsError, load_settings
+
+    try:
+        settings = load_settings(args.config, overrides=_overrides(args.set))
+    except SettingsError as e:
+        print(e, file=sys.stderr)
+        return 2
+
+    if args.command == "bootstrap":
+        from tasks.pipeline import bootstrap_champion
+
+        print(json.dumps(bootstrap_champion(settings, args.out)))
+    elif args.command == "demo":
+        from tasks.pipeline import run_demo
+
+        run_demo(settings)
+    else:
+        import ray
+
+        from tasks.rl.cluster import connect
+
+        connect(settings)
+        try:
+            return _ray_command(args, settings)
+        finally:
+            ray.shutdown()
+    return 0
+
+
+def _ray_command(args, settings) -> int:
+    from tasks.rl.rollout import RolloutPool
+
+    if args.command == "train":
+        from tasks.rl.train import run_grpo
+
+        result = run_grpo(settings, args.init, args.run_dir, fail_at_step=args.fail_at_step)
+        print(json.dumps({"metrics": result.metrics, "model": str(Path(args.run_dir) / "model")}, default=str))
+    elif args.command == "rollout":
+        from tasks.envs import get_env
+
+        env = get_env(settings.env.name)
+        pool = RolloutPool(args.model, settings)
+        tasks = env.generate_tasks(args.tasks, settings.grpo.seed, env.load_registry(args.registry))
+        records = pool.run_batch(tasks, settings.rollout.group_size, args.out, seed=settings.grpo.seed)
+        print(json.dumps({"episodes": len(records), "success_rate": sum(r["success"] for r in records) / len(records),
+                          "mean_reward": sum(r["reward"] for r in records) / len(records), "out": args.out}))
+    elif args.command == "eval":
+        from safetensors.torch import load_file
+
+        from tasks.evals.harness import compare
+        from tasks.pipeline import evaluate_pool
+
+        pool = RolloutPool(args.model, settings)
+        first = evaluate_pool(pool, settings, args.registry)
+        out = {reg: first[reg].summary("sampled_success") | {"greedy": first[reg].summary("greedy_success")["mean"]}
+               for reg in args.registry}
+        if args.against:
+            pool.sync_weights(load_file(Path(args.against) / "model.safetensors"), version=-1)
+            second = evaluate_pool(pool, settings, args.registry)
+            out = {reg: compare(first[reg], second[reg]) for reg in args.registry}
+        print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,152 @@
+"""Typed pipeline settings: `include/config/pipeline.yaml`, overridden by `EVERGREEN_<SECTION>__<FIELD>`.
+
+    from tasks.config import load_settings
+    s = load_settings()                      # the shipped file plus environment overrides
+    s = load_settings(overrides={"grpo": {"steps": 3}})
+
+Every field is documented where it is declared; a bad value fails here, at load, with a message that
+names the field and what to change (never later, deep inside a Ray job).
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_CONFIG = PROJECT_ROOT / "include" / "config" / "pipeline.yaml"
+ENV_PREFIX = "EVERGREEN_"
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelSettings(_Section):
+    hidden_size: int = Field(128, gt=0, description="width of the tiny Llama built from config")
+    num_layers: int = Field(4, gt=0, description="decoder layers")
+    num_heads: int = Field(4, gt=0, description="attention heads; must divide hidden_size")
+    intermediate_size: int = Field(384, gt=0, description="MLP width")
+    max_len: int = Field(512, ge=128, description="context length (positions) of model and engines")
+    seed: int = Field(0, description="seed of the initial random weights")
+
+    @model_validator(mode="after")
+    def _heads_divide(self):
+        if self.hidden_size % self.num_heads:
+            raise ValueError(f"model.hidden_size={self.hidden_size} is not divisible by model.num_heads={self.num_heads}; "
+                             "pick num_heads among its divisors")
+        return self
+
+
+class EnvSettings(_Section):
+    name: str = Field("desk", description="environment name (tasks.envs.ENVIRONMENTS)")
+    champion_registry: str = Field("1", description="registry the champion was trained for (version or JSON path)")
+    target_registry: str = Field("2", description="registry in production now (version or JSON path)")
+    max_turns: int = Field(4, ge=1, description="assistant turns before an episode ends without answer")
+    max_tokens_per_turn: int = Field(96, ge=8, description="generation limit of one assistant turn")
+
+
+class BootstrapSettings(_Section):
+    steps: int = Field(500, ge=1, description="SFT steps that make the first champion")
+    batch_size: int = Field(64, ge=1, description="episodes per SFT step")
+    lr: float = Field(3e-3, gt=0, description="AdamW peak learning rate (cosine decay, short warmup)")
+    seed: int = Field(1, description="seed of the random-schema demonstration tasks")
+
+
+class RolloutSettings(_Section):
+    backend: Literal["vllm", "hf"] = Field("vllm", description="generation backend of the rollout workers")
+    num_workers: int = Field(2, ge=1, description="rollout actors on Ray, each with its own engine")
+    cpus_per_worker: float = Field(0.5, gt=0, description="Ray CPUs each rollout actor holds")
+    group_size: int = Field(8, ge=2, description="samples per task (the GRPO group, G)")
+    temperature: float = Field(1.0, gt=0, description="sampling temperature of rollouts")
+    kv_cache_mb: int = Field(256, ge=16, description="KV-cache memory per vLLM engine in MiB (4 KiB per token for the default model)")
+
+
+class GRPOSettings(_Section):
+    steps: int = Field(30, ge=1, description="policy updates (each: one rollout batch, one gradient step)")
+    tasks_per_step: int = Field(32, ge=1, description="tasks per batch; episodes = tasks_per_step * group_size")
+    guard_share: float = Field(0.25, ge=0, lt=1, description="share of batch tasks from the champion's registry (guard)")
+    lr: float = Field(1e-3, gt=0, description="AdamW learning rate")
+    advantage: Literal["std", "mean"] = Field("std", description="'std': (r-mean)/std (GRPO); 'mean': r-mean (Dr. GRPO)")
+    eps_low: float = Field(0.2, gt=0, lt=1, description="lower clip: ratio >= 1 - eps_low")
+    eps_high: float = Field(0.28, gt=0, description="upper clip: ratio <= 1 + eps_high (DAPO clip-higher)")
+    kl_coef: float = Field(0.0, ge=0, description="weight of the k3 KL to the reference (initial) policy; 0 = off")
+    max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping norm")
+    minibatches: int = Field(1, ge=1, description="optimizer steps per rollout batch")
+    checkpoint_every: int = Field(5, ge=1, description="checkpoint every N steps (weights, optimizer, RNG, step)")
+    num_train_workers: int = Field(1, ge=1, description="Ray Train workers (DDP over gloo on CPU)")
+    seed: int = Field(7, description="seed of task sampling and rollouts")
+
+    @model_validator(mode="after")
+    def _clip(self):
+        if self.eps_high < self.eps_low:
+            raise ValueError(f"grpo.eps_high={self.eps_high} < grpo.eps_low={self.eps_low}; DAPO clips higher "
+                             "above than below: raise eps_high or lower eps_low")
+        return self
+
+
+class EvalSettings(_Section):
+    num_tasks: int = Field(150, ge=10, description="held-out tasks per registry")
+    seed: int = Field(1000, description="seed of the held-out tasks (disjoint from training seeds)")
+    samples: int = Field(4, ge=1, description="sampled attempts per task at the rollout temperature")
+    bootstrap_resamples: int = Field(2000, ge=100, description="paired-bootstrap resamples for intervals")
+    confidence: float = Field(0.95, gt=0.5, lt=1, description="confidence level of the intervals")
+
+
+class RaySettings(_Section):
+    address: str | None = Field(None, description="existing cluster address; None starts a local one in-process")
+    num_cpus: int | None = Field(None, ge=1, description="logical CPUs of a local cluster (None: all cores)")
+
+
+class Settings(_Section):
+    run_dir: Path = Field(PROJECT_ROOT / "runs" / "local", description="where runs write models, records, checkpoints")
+    model: ModelSettings = ModelSettings()
+    env: EnvSettings = EnvSettings()
+    bootstrap: BootstrapSettings = BootstrapSettings()
+    rollout: RolloutSettings = RolloutSettings()
+    grpo: GRPOSettings = GRPOSettings()
+    eval: EvalSettings = EvalSettings()
+    ray: RaySettings = RaySettings()
+
+
+class SettingsError(ValueError):
+    pass
+
+
+def _merge(base: dict, extra: dict) -> dict:
+    out = dict(base)
+    for k, v in extra.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _env_overrides(environ) -> dict:
+    """EVERGREEN_GRPO__STEPS=3 -> {"grpo": {"steps": "3"}} (pydantic converts the type)."""
+    out: dict = {}
+    for key, value in environ.items():
+        if not key.startswith(ENV_PREFIX) or "__" not in key:
+            continue
+        path = key[len(ENV_PREFIX):].lower().split("__")
+        node = out
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+        node[path[-1]] = value
+    return out
+
+
+def load_settings(path: str | Path | None = None, overrides: dict | None = None, environ=None) -> Settings:
+    path = Path(path or os.environ.get(ENV_PREFIX + "CONFIG", DEFAULT_CONFIG))
+    data = yaml.safe_load(path.read_text()) or {} if path.exists() else {}
+    data = _merge(_merge(data, _env_overrides(os.environ if environ is None else environ)), overrides or {})
+    try:
+        return Settings.model_validate(data)
+    except ValidationError as e:
+        lines = [f"invalid Evergreen settings (from {path}, {ENV_PREFIX}* variables and overrides):"]
+        for err in e.errors():
+            where = ".".join(str(p) for p in err["loc"])
+            env = ENV_PREFIX + "__".join(str(p).upper() for p in err["loc"])
+            lines.append(f"  {where}: {err['msg']} (got {err.get('input')!r}); fix it in {path.name} or {env}")
+        raise SettingsError("\n".join(lines)) from None

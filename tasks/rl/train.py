@@ -1,0 +1,176 @@
+"""GRPO training on Ray Train: the RL loop runs inside a TorchTrainer worker (gloo on CPU).
+
+    python -m tasks train --init runs/local/champion --out runs/local/challenger
+
+Each step: sample tasks (target registry, plus a guard share from the champion's registry) → rollouts
+on the pool's engines (G samples per task) → one GRPO update → the new weights go into every engine
+(`policy_version` + 1). Every `checkpoint_every` steps a checkpoint (weights, optimizer, RNG, step) is
+written and reported to Ray Train; a restarted run resumes from the newest one and stops at the same
+final step. Metrics per step go to `<run>/metrics.jsonl` and the Ray Train result.
+
+Departures: groups whose rewards are all equal carry no GRPO signal and are dropped from the update
+(as in DAPO's dynamic sampling, without resampling); the "old" log-probabilities are recomputed by the
+trainer before the update rather than taken from the engine, so engine/trainer numeric differences do
+not leak into the ratio (the engine's logprobs stay in the records for diagnosis). With several
+workers, each normalises the token-level loss over its own slice of the batch.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+import torch
+
+from tasks.rl.grpo import clipped_policy_loss, group_advantages, pad_batch, sequence_token_logprobs
+
+log = logging.getLogger(__name__)
+
+
+def training_tasks(settings, step: int) -> list:
+    """The tasks of one step: deterministic in (seed, step), disjoint from the eval seeds."""
+    from tasks.envs import get_env
+
+    env, g = get_env(settings.env.name), settings.grpo
+    n_guard = round(g.tasks_per_step * g.guard_share)
+    seed = 1_000_000 + g.seed * 10_000 + step
+    target = env.generate_tasks(g.tasks_per_step - n_guard, seed, env.load_registry(settings.env.target_registry))
+    guard = env.generate_tasks(n_guard, seed + 500_000, env.load_registry(settings.env.champion_registry)) if n_guard else []
+    return target + guard
+
+
+def grpo_update(model, optimizer, records: list[dict], settings, pad_id: int, ref_model=None) -> dict:
+    """One GRPO update from a batch of rollout records; returns its metrics."""
+    g = settings.grpo
+    rewards = [r["reward"] for r in records]
+    adv = group_advantages(rewards, [(r["task_index"], r["policy_version"]) for r in records], g.advantage)
+    keep = [i for i, a in enumerate(adv) if abs(a) > 1e-8]
+    metrics = {"reward_mean": sum(rewards) / len(rewards),
+               "success_rate": sum(r["success"] for r in records) / len(records),
+               "episodes": len(records), "episodes_trained": len(keep),
+               "completion_tokens": sum(r["completion_tokens"] for r in records)}
+    if not keep:
+        metrics.update(loss=0.0, grad_norm=0.0, clip_fraction=0.0, trained_tokens=0)
+        return metrics
+    seqs = [records[i]["prompt_ids"] + records[i]["completion_ids"] for i in keep]
+    masks = [[0] * len(records[i]["prompt_ids"]) + records[i]["completion_mask"] for i in keep]
+    ids, attn, loss_mask = pad_batch(seqs, masks, pad_id)
+    advantages = torch.tensor([adv[i] for i in keep], dtype=torch.float32)
+    with torch.no_grad():
+        old_logp = sequence_token_logprobs(model, ids, attn)
+        ref_logp = sequence_token_logprobs(ref_model, ids, attn) if ref_model is not None and g.kl_coef > 0 else None
+    model.train()
+    losses, norms, stats = [], [], {}
+    for mb in torch.arange(len(keep)).chunk(g.minibatches):
+        logp = sequence_token_logprobs(model, ids[mb], attn[mb])
+        loss, stats = clipped_policy_loss(logp, old_logp[mb], advantages[mb], loss_mask[mb], g.eps_low, g.eps_high,
+                                          None if ref_logp is None else ref_logp[mb], g.kl_coef)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), g.max_grad_norm)))
+        optimizer.step()
+        losses.append(loss.item())
+    model.eval()
+    metrics.update(loss=sum(losses) / len(losses), grad_norm=max(norms), trained_tokens=int(loss_mask.sum()),
+                   **{k: v for k, v in stats.items() if k != "ratio_mean"})
+    return metrics
+
+
+def grpo_loop(config: dict) -> None:
+    """The per-worker training function (Ray Train `train_loop_per_worker`, or called directly).
+
+    config: settings (dict), init_model (dir), run_dir, and optionally `actors` (rollout actors that already
+    hold engines, e.g. the ones that ran the champion's eval; they are left running) and `fail_at_step`
+    (tests inject a crash).
+    """
+    import ray.train
+
+    from tasks.config import Settings
+    from tasks.policy.model import load_model, save_model, state_dict_cpu
+    from tasks.rl.checkpoint import latest_checkpoint, restore_checkpoint, save_checkpoint
+    from tasks.rl.rollout import RolloutPool
+
+    settings = Settings.model_validate(config["settings"])
+    g = settings.grpo
+    run_dir = Path(config["run_dir"])
+    ckpt_dir = run_dir / "checkpoints"
+    ctx = ray.train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    torch.manual_seed(g.seed)
+    model, tokenizer, _ = load_model(config["init_model"])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=g.lr, weight_decay=0.0, betas=(0.9, 0.99))
+    start = 0
+    if (ckpt := latest_checkpoint(ckpt_dir)) is not None:
+        start = restore_checkpoint(ckpt, model, optimizer)["step"]
+        log.info("resuming GRPO from %s (step %d of %d)", ckpt, start, g.steps)
+    ref_model = load_model(config["init_model"])[0] if g.kl_coef > 0 else None
+    if world > 1:
+        model = ray.train.torch.prepare_model(model)
+    pool = None
+    if rank == 0:
+        pool = RolloutPool(config["init_model"], settings, actors=config.get("actors"))
+        # the engines may hold other weights (another model's eval): always start from the trainer's
+        pool.sync_weights(state_dict_cpu(model), version=start)
+    metrics_path = run_dir / "metrics.jsonl"
+    for step in range(start, g.steps):
+        t0 = time.time()
+        records = None
+        if rank == 0:
+            records = pool.run_batch(training_tasks(settings, step), settings.rollout.group_size,
+                                     run_dir / "rollouts", seed=g.seed * 7919 + step)
+        t_roll = time.time() - t0
+        if world > 1:
+            box = [records]
+            torch.distributed.broadcast_object_list(box, src=0)
+            records = box[0][rank::world]
+        if config.get("fail_at_step") == step:
+            raise RuntimeError(f"injected failure at GRPO step {step} (fail_at_step)")
+        m = grpo_update(model, optimizer, records, settings, tokenizer.pad_id, ref_model)
+        t_train = time.time() - t0 - t_roll
+        version = step + 1
+        sync_s = pool.sync_weights(state_dict_cpu(model), version) if rank == 0 else 0.0
+        m.update(step=version, rollout_s=t_roll, train_s=t_train, weight_sync_s=sync_s)
+        report_kwargs = {}
+        if rank == 0:
+            with open(metrics_path, "a") as f:
+                f.write(json.dumps(m) + "\n")
+            log.info("grpo step %d/%d reward %.3f success %.3f loss %.4f trained %d/%d (roll %.1fs, train %.1fs)",
+                     version, g.steps, m["reward_mean"], m["success_rate"], m["loss"], m["episodes_trained"],
+                     m["episodes"], t_roll, t_train)
+            if version % g.checkpoint_every == 0 or version == g.steps:
+                path = save_checkpoint(ckpt_dir, version, model, tokenizer, optimizer, {"policy_version": version})
+                report_kwargs["checkpoint"] = ray.train.Checkpoint.from_directory(str(path))
+        ray.train.report(m, **report_kwargs)
+    if rank == 0:
+        save_model(getattr(model, "module", model), tokenizer, run_dir / "model")
+        if not config.get("actors"):
+            pool.shutdown()
+
+
+def run_grpo(settings, init_model: str | Path, run_dir: str | Path, fail_at_step: int | None = None,
+             run_name: str = "grpo", actors: list | None = None):
+    """Fit GRPO with a Ray Train TorchTrainer (gloo on CPU); resumes from `run_dir/checkpoints` if present.
+
+    The trainer's own controller takes no CPU (on 2 cores it would starve the workers); each worker
+    holds one CPU, and the rollout actors it starts hold `rollout.cpus_per_worker` each.
+    """
+    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    run_dir = Path(run_dir).resolve()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    config = {"settings": settings.model_dump(mode="json"), "init_model": str(Path(init_model).resolve()),
+              "run_dir": str(run_dir), "fail_at_step": fail_at_step, "actors": actors}
+    trainer = TorchTrainer(
+        grpo_loop, train_loop_config=config,
+        torch_config=TorchConfig(backend="gloo"),
+        scaling_config=ScalingConfig(num_workers=settings.grpo.num_train_workers, use_gpu=False,
+                                     resources_per_worker={"CPU": 1}),
+        run_config=RunConfig(name=run_name, storage_path=str(run_dir / "ray_train"),
+                             failure_config=FailureConfig(max_failures=0)),
+    )
+    result = trainer.fit()
+    if result.error:
+        raise RuntimeError(f"GRPO training failed: {result.error}") from result.error
+    return result
