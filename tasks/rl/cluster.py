@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -27,6 +28,7 @@ class LocalHead:
     address: str
     temp_dir: str
     dashboard_url: str | None
+    env: dict  # what a driver needs in its environment to connect (the head's auth token)
 
     def pids(self) -> list[int]:
         import psutil
@@ -74,6 +76,12 @@ def start_local_head(temp_dir: str | Path, port: int = 6390, num_cpus: int | Non
         raise ValueError(f"Ray temp dir {temp_dir!r} is too long: its unix sockets must stay under 107 characters; "
                          "use a short path such as /tmp/eg-ray-<run>")
     Path(temp_dir).mkdir(parents=True, exist_ok=True)
+    # Ray 2.60 clusters require a token; this head gets its own, readable only by us
+    token_path = Path(temp_dir) / "auth_token"
+    if not token_path.exists():
+        token_path.write_text(secrets.token_hex(32))
+        token_path.chmod(0o600)
+    auth_env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token_path)}
     ray_bin = shutil.which("ray", path=str(Path(sys.executable).parent)) or "ray"
     cmd = [ray_bin, "start", "--head", f"--port={port}", f"--temp-dir={temp_dir}", "--node-ip-address=127.0.0.1",
            f"--num-cpus={num_cpus or os.cpu_count()}", "--disable-usage-stats"]
@@ -82,10 +90,11 @@ def start_local_head(temp_dir: str | Path, port: int = 6390, num_cpus: int | Non
     else:
         cmd += ["--include-dashboard=false"]
     t0 = time.time()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=os.environ | auth_env)
     if proc.returncode != 0:
         raise RuntimeError(f"`{' '.join(cmd)}` failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
-    head = LocalHead(f"127.0.0.1:{port}", temp_dir, f"http://127.0.0.1:{dashboard_port}" if dashboard_port else None)
+    head = LocalHead(f"127.0.0.1:{port}", temp_dir, f"http://127.0.0.1:{dashboard_port}" if dashboard_port else None,
+                     auth_env)
     log.info("local Ray head up at %s in %.1fs (temp dir %s)", head.address, time.time() - t0, temp_dir)
     return head
 
@@ -96,6 +105,12 @@ def connect(settings, **init_kwargs):
 
     if ray.is_initialized():
         return ray.get_runtime_context()
+    # before ray.init: workers inherit the driver's environment only from then on
+    os.environ.setdefault("RAY_TRAIN_ENABLE_PRINT_PATCH", "0")  # else every worker print appears twice
+    os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("RAY_CHDIR_TO_TRIAL_DIR", "0")
+    init_kwargs.setdefault("logging_level", "WARNING")
     env = {"runtime_env": {"env_vars": {"PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[2]),
                                                                                   os.environ.get("PYTHONPATH")]))}}}
     if settings.ray.address:

@@ -155,6 +155,7 @@ def run_grpo(settings, init_model: str | Path, run_dir: str | Path, fail_at_step
     The trainer's own controller takes no CPU (on 2 cores it would starve the workers); each worker
     holds one CPU, and the rollout actors it starts hold `rollout.cpus_per_worker` each.
     """
+    import ray.train
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
@@ -168,9 +169,13 @@ def run_grpo(settings, init_model: str | Path, run_dir: str | Path, fail_at_step
         scaling_config=ScalingConfig(num_workers=settings.grpo.num_train_workers, use_gpu=False,
                                      resources_per_worker={"CPU": 1}),
         run_config=RunConfig(name=run_name, storage_path=str(run_dir / "ray_train"),
-                             failure_config=FailureConfig(max_failures=0)),
+                             failure_config=FailureConfig(max_failures=0),
+                             logging_config=ray.train.LoggingConfig(log_level="WARNING")),
     )
-    result = trainer.fit()
-    if result.error:
-        raise RuntimeError(f"GRPO training failed: {result.error}") from result.error
-    return result
+    try:
+        return trainer.fit()
+    except ray.train.TrainingFailedError as e:
+        failures = getattr(e, "worker_failures", {}) or {}
+        first = next(iter(failures.values()), e)
+        raise RuntimeError(f"GRPO training failed on {len(failures) or 1} worker(s): {first!r}; "
+                           f"checkpoints kept in {run_dir / 'checkpoints'} (rerun to resume)") from e

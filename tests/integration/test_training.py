@@ -1,0 +1,64 @@
+"""GRPO on Ray Train against a real local head: checkpoints, kill and resume, failure reporting."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _train_cmd(tiny_model, run_dir, *extra):
+    return [sys.executable, "-m", "tasks", "--set", "grpo.steps=4", "--set", "grpo.checkpoint_every=2",
+            "--set", "grpo.tasks_per_step=4", "--set", "rollout.group_size=4", "--set", "env.max_tokens_per_turn=32",
+            *extra, "train", "--init", str(tiny_model), "--run-dir", str(run_dir)]
+
+
+def _env(ray_head):
+    return os.environ | {"EVERGREEN_RAY__ADDRESS": ray_head.address, "PYTHONPATH": str(ROOT)}
+
+
+def test_killed_training_resumes_from_checkpoint_and_ends_at_same_step(ray_head, tiny_model, tmp_path):
+    run_dir = tmp_path / "grpo"
+    log = open(tmp_path / "first.log", "w")
+    first = subprocess.Popen(_train_cmd(tiny_model, run_dir), env=_env(ray_head), cwd=ROOT, stdout=log,
+                             stderr=subprocess.STDOUT, start_new_session=True)
+    ckpt = run_dir / "checkpoints" / "step-000002" / "state.json"
+    deadline = time.time() + 400
+    while not ckpt.exists():
+        assert first.poll() is None, f"training exited early: {(tmp_path / 'first.log').read_text()[-3000:]}"
+        assert time.time() < deadline, "no checkpoint at step 2 within 400 s"
+        time.sleep(0.5)
+    os.killpg(first.pid, signal.SIGKILL)  # the driver and everything it started locally
+    first.wait()
+    steps_before = [json.loads(l)["step"] for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert 2 in steps_before and max(steps_before) < 4
+
+    second = subprocess.run(_train_cmd(tiny_model, run_dir), env=_env(ray_head), cwd=ROOT, capture_output=True,
+                            text=True, timeout=600)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "resuming GRPO from" in second.stderr
+    state = json.loads((run_dir / "checkpoints" / "step-000004" / "state.json").read_text())
+    assert state["step"] == 4
+    steps_after = [json.loads(l)["step"] for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps_after[-1] == 4 and set(steps_after) == {1, 2, 3, 4}
+    # the resumed run started right after the newest complete checkpoint
+    newest_before = max(s for s in steps_before if s % 2 == 0)
+    assert steps_after[len(steps_before):][0] == newest_before + 1
+    assert (run_dir / "model" / "model.safetensors").exists()
+    # rollout records of every step are on disk, one directory per policy version
+    assert {p.name for p in (run_dir / "rollouts").iterdir()} >= {f"step-{v:05d}" for v in range(4)}
+
+
+def test_injected_training_failure_fails_the_command_with_the_reason(ray_head, tiny_model, tmp_path):
+    proc = subprocess.run(_train_cmd(tiny_model, tmp_path / "grpo", ) + ["--fail-at-step", "0"], env=_env(ray_head),
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode != 0
+    assert "injected failure at GRPO step 0" in proc.stderr
