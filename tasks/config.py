@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = PROJECT_ROOT / "include" / "config" / "pipeline.yaml"
@@ -33,12 +33,14 @@ class ModelSettings(_Section):
     max_len: int = Field(512, ge=128, description="context length (positions) of model and engines")
     seed: int = Field(0, description="seed of the initial random weights")
 
-    @model_validator(mode="after")
-    def _heads_divide(self):
-        if self.hidden_size % self.num_heads:
-            raise ValueError(f"model.hidden_size={self.hidden_size} is not divisible by model.num_heads={self.num_heads}; "
+    @field_validator("num_heads")
+    @classmethod
+    def _heads_divide(cls, v, info):
+        hidden = info.data.get("hidden_size")
+        if hidden and hidden % v:
+            raise ValueError(f"model.hidden_size={hidden} is not divisible by model.num_heads={v}; "
                              "pick num_heads among its divisors")
-        return self
+        return v
 
 
 class EnvSettings(_Section):
@@ -80,12 +82,14 @@ class GRPOSettings(_Section):
     num_train_workers: int = Field(1, ge=1, description="Ray Train workers (DDP over gloo on CPU)")
     seed: int = Field(7, description="seed of task sampling and rollouts")
 
-    @model_validator(mode="after")
-    def _clip(self):
-        if self.eps_high < self.eps_low:
-            raise ValueError(f"grpo.eps_high={self.eps_high} < grpo.eps_low={self.eps_low}; DAPO clips higher "
-                             "above than below: raise eps_high or lower eps_low")
-        return self
+    @field_validator("eps_high")
+    @classmethod
+    def _clip(cls, v, info):
+        low = info.data.get("eps_low")
+        if low is not None and v < low:
+            raise ValueError(f"grpo.eps_high={v} < grpo.eps_low={low}; DAPO clips higher above than below: "
+                             "raise eps_high or lower eps_low")
+        return v
 
 
 class EvalSettings(_Section):
@@ -110,6 +114,12 @@ class Settings(_Section):
     grpo: GRPOSettings = GRPOSettings()
     eval: EvalSettings = EvalSettings()
     ray: RaySettings = RaySettings()
+
+    @field_validator("run_dir")
+    @classmethod
+    def _anchor_run_dir(cls, v: Path) -> Path:
+        # relative to the project, not to whichever directory an Airflow worker or Ray job starts in
+        return v if v.is_absolute() else PROJECT_ROOT / v
 
 
 class SettingsError(ValueError):
@@ -139,7 +149,9 @@ def _env_overrides(environ) -> dict:
 
 def load_settings(path: str | Path | None = None, overrides: dict | None = None, environ=None) -> Settings:
     path = Path(path or os.environ.get(ENV_PREFIX + "CONFIG", DEFAULT_CONFIG))
-    data = yaml.safe_load(path.read_text()) or {} if path.exists() else {}
+    if not path.exists():
+        raise SettingsError(f"settings file {path} does not exist: fix the path (or {ENV_PREFIX}CONFIG)")
+    data = yaml.safe_load(path.read_text()) or {}
     data = _merge(_merge(data, _env_overrides(os.environ if environ is None else environ)), overrides or {})
     try:
         return Settings.model_validate(data)

@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
-from tasks.policy.tokenizer import EOS, ROLE_TOKENS, TOOL_CALL_CLOSE, TOOL_CALL_OPEN, CharTokenizer, render_message
+from tasks.policy.tokenizer import EOS, ROLE_TOKENS, TOOL_CALL_CLOSE, TOOL_CALL_OPEN, CharTokenizer
 
 REWARD_WEIGHTS = {"format": 0.1, "call_validity": 0.1, "correct": 0.8}
 _CALL_RE = re.compile(re.escape(TOOL_CALL_OPEN) + r"(.*?)(" + re.escape(TOOL_CALL_CLOSE) + r"|$)", re.S)
@@ -77,6 +77,9 @@ def parse_tool_calls(text: str) -> list[ParsedCall]:
             obj = json.loads(body)
         except json.JSONDecodeError as e:
             calls.append(ParsedCall(None, None, f"tool call is not valid JSON ({e.msg} at char {e.pos})"))
+            continue
+        except (ValueError, RecursionError) as e:  # e.g. a 5000-digit integer, or [[[[... nested too deep
+            calls.append(ParsedCall(None, None, f"tool call is not valid JSON ({type(e).__name__})"))
             continue
         if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
             calls.append(ParsedCall(None, None, 'tool call must be an object with a string "name"'))
@@ -154,10 +157,19 @@ class Episode:
             {"role": "system", "content": render_tools(self.task.tools)},
             {"role": "user", "content": self.task.question},
         ]
-        self._append_context("".join(render_message(m["role"], m["content"]) for m in self.messages))
+        for m in self.messages:
+            self._append_message(m["role"], m["content"])
+
+    def _append_message(self, role: str, content: str) -> None:
+        """A context message; its content is data, so special-token text in it (a tool result saying
+        "<|system|>...") stays plain characters and cannot forge a role."""
+        tok = self.tokenizer
+        self._append_ids([tok.token_to_id[ROLE_TOKENS[role]], *tok.encode(content, specials=False), tok.eos_id])
 
     def _append_context(self, text: str) -> None:
-        ids = self.tokenizer.encode(text)
+        self._append_ids(self.tokenizer.encode(text))
+
+    def _append_ids(self, ids: list[int]) -> None:
         self.token_ids += ids
         self.loss_mask += [0] * len(ids)
         self.logprobs += [0.0] * len(ids)
@@ -225,7 +237,7 @@ class Episode:
         self.n_well_formed_turns += well_formed
         content = "\n".join(results)
         self.messages.append({"role": "tool", "content": content})
-        self._append_context(render_message("tool", content))
+        self._append_message("tool", content)
 
     def _finish(self, reason: str) -> None:
         self.done, self.end_reason = True, reason

@@ -157,15 +157,29 @@ def _question_and_values(family: str, rng: random.Random) -> tuple[str, dict]:
     return q, {"values": [city, fieldname], "expected": str(CITIES[city][FIELDS.index(fieldname)])}
 
 
+def _random_name(rng: random.Random, words: list[str], max_len: int) -> str:
+    """A word-like name or, mostly, random letters: a name the model cannot guess must be copied,
+    which is what teaches it to read the schema instead of recalling likely names."""
+    if rng.random() < 0.3:
+        return "_".join(rng.sample(words, rng.choice([1, 2])))
+    return "".join(rng.choice("abcdefghijklmnopqrstuvwxyz_") for _ in range(rng.randint(2, max_len))).strip("_") or "x"
+
+
 def _random_tools(rng: random.Random) -> list[dict]:
-    """Tools with random names, argument names and operand types, in random order (bootstrap only)."""
+    """Tools with random names, argument names and operand types (bootstrap only).
+
+    Tools keep the registries' family order (arithmetic, units, city facts), as the shipped registries do.
+    """
     tools, used = [], set()
     for family in FAMILIES:
-        while (name := f"{rng.choice(_NAME_WORDS)}_{rng.choice(_NAME_WORDS)}") in used:
+        while (name := _random_name(rng, _NAME_WORDS, 12)) in used:
             pass
         used.add(name)
         n_args = 3 if family in ("calc", "convert") else 2
-        args = rng.sample(_ARG_WORDS, n_args)
+        args = []
+        while len(args) < n_args:
+            if (a := _random_name(rng, _ARG_WORDS, 7)) not in args:
+                args.append(a)
         if family == "calc":
             types = [rng.choice(["integer", "string"])] * 2 + ["string"]
         elif family == "convert":
@@ -176,7 +190,6 @@ def _random_tools(rng: random.Random) -> list[dict]:
         tools.append({"type": "function", "x-evergreen-handler": family, "function": {
             "name": name, "description": rng.choice(_DESCRIPTIONS[family]) + ".",
             "parameters": {"type": "object", "properties": props, "required": args}}})
-    rng.shuffle(tools)
     return tools
 
 

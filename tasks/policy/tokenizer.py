@@ -43,10 +43,11 @@ class CharTokenizer:
     def vocab_size(self) -> int:
         return len(self.vocab)
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, specials: bool = True) -> list[int]:
+        """Token ids; with specials=False, text like "<|end|>" is encoded character by character (data)."""
         ids, i, unk = [], 0, self.token_to_id[UNKNOWN]
         while i < len(text):
-            if text[i] == "<":
+            if specials and text[i] == "<":
                 special = next((s for s in self._specials_by_first if text.startswith(s, i)), None)
                 if special:
                     ids.append(self.token_to_id[special])

@@ -42,12 +42,16 @@ def write_shard(path: str | Path, records: list[dict]) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as f:
-        for r in records:
-            f.write(json.dumps(r, separators=(",", ":")) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)  # atomic: readers see the old shard or the whole new one
+    try:
+        with open(tmp, "w") as f:
+            for r in records:
+                f.write(json.dumps(r, separators=(",", ":")) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise  # atomic: readers see the old shard or the whole new one
     return path
 
 

@@ -70,9 +70,6 @@ def test_hidden_size_not_divisible_by_heads_raises_naming_the_field():
     assert "EVERGREEN_MODEL" in msg
 
 
-@pytest.mark.xfail(strict=True, reason="cross-field errors come from section-level model validators, so the message "
-                                       "names EVERGREEN_GRPO / EVERGREEN_MODEL, variables that do not exist "
-                                       "(_env_overrides ignores keys without '__')")
 @pytest.mark.parametrize("environ, variable", [
     ({"EVERGREEN_GRPO__EPS_HIGH": "0.1"}, "EVERGREEN_GRPO__EPS_HIGH"),
     ({"EVERGREEN_MODEL__NUM_HEADS": "3"}, "EVERGREEN_MODEL__NUM_HEADS"),
@@ -115,8 +112,6 @@ def test_config_path_from_evergreen_config(monkeypatch, tmp_path):
     assert load_settings(environ={}).grpo.steps == 2
 
 
-@pytest.mark.xfail(strict=True, reason="the shipped pipeline.yaml sets run_dir: runs/local, a path relative to the "
-                                       "current directory, while the code default is PROJECT_ROOT/runs/local")
 def test_shipped_run_dir_does_not_depend_on_cwd(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     s = load_settings(environ={})

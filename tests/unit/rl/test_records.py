@@ -88,8 +88,6 @@ def test_failed_write_keeps_the_previous_shard(tmp_path):
     assert read_step(tmp_path, {(0, 0, 0)}) == [_rec(0, 0)]
 
 
-@pytest.mark.xfail(strict=True, reason="write_shard leaves its .tmp file behind when serialising a record fails "
-                                       "(no cleanup on exception)")
 def test_failed_write_leaves_no_temp_file(tmp_path):
     path = write_shard(tmp_path / "shard-0.jsonl", [_rec(0, 0)])
     with pytest.raises(TypeError):
