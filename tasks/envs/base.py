@@ -121,7 +121,7 @@ def render_tools(tools: list[dict]) -> str:
         args = ",".join(f"{k}:{TYPE_ABBREV.get(v.get('type', 'string'), 'str')}" for k, v in props.items())
         desc = fn.get("description", "").split(".")[0]
         lines.append(f"{fn['name']}({args}) - {desc}")
-    return "tools:\n" + "\n".join(lines)
+    return "\n".join(lines)
 
 
 def normalise_answer(text: str) -> str:

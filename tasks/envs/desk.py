@@ -193,8 +193,16 @@ def _random_tools(rng: random.Random) -> list[dict]:
     return tools
 
 
-def generate_tasks(n: int, seed: int, registry: dict | None = None, families: tuple[str, ...] = FAMILIES) -> list[Task]:
-    """`n` tasks, deterministic in `seed`. With `registry` the tools are the registry's; without, random."""
+def generate_tasks(n: int, seed: int, registry: dict | None = None, families: tuple[str, ...] = FAMILIES,
+                   offer: str = "routed") -> list[Task]:
+    """`n` tasks, deterministic in `seed`. With `registry` the tools are the registry's; without, random.
+
+    offer="routed" (default) offers the tools of the task's workload only, as a tool router in front of
+    the agent does; offer="all" offers every tool of the registry. The tiny default model reads one
+    schema reliably within a bootstrap budget of minutes; choosing among several is left to bigger ones.
+    """
+    if offer not in ("routed", "all"):
+        raise ValueError(f"offer={offer!r}: use 'routed' (the workload's tools) or 'all'")
     rng = random.Random(seed)
     version = registry["version"] if registry else "random"
     out = []
@@ -202,6 +210,8 @@ def generate_tasks(n: int, seed: int, registry: dict | None = None, families: tu
         family = families[i % len(families)]
         question, sol = _question_and_values(family, rng)
         tools = registry["tools"] if registry else _random_tools(rng)
+        if offer == "routed":
+            tools = [t for t in tools if t.get("x-evergreen-handler") == family]
         strict = registry is not None and int(registry["version"]) >= STRICT_FROM_VERSION
         out.append(Task(
             task_id=f"desk-r{version}-s{seed}-{i}", env="desk", family=family, question=question, tools=tools,

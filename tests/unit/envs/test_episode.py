@@ -13,6 +13,9 @@ from tasks.policy.tokenizer import EOS, ROLE_TOKENS, CharTokenizer
 TOK = CharTokenizer()
 V1 = registry_tasks("1", 9, 5)
 V2 = registry_tasks("2", 9, 5)
+# every registry tool offered, for tests of the tool service itself
+ALL1 = generate_tasks(3, 5, load_registry("1"), offer="all")
+ALL2 = generate_tasks(3, 5, load_registry("2"), offer="all")
 # V1[0] / V2[0]: "18 times 24 = ?" -> 432      V1[1] / V2[1]: 55 kilometers to meters -> 55000
 # V1[2] / V2[2]: population of Kyoto -> 1463723  V1[3]: 49 plus 62 -> 111   V1[5] / V2[5]: elevation of Oslo -> 23
 
@@ -116,7 +119,7 @@ def test_broken_json_earns_an_error_and_partial_reward():
 def test_unknown_tool_lists_offered_tools():
     ep = new_episode(V1[2], TOK)
     turn(ep, call("weather", city="kyoto"))
-    assert tool_message(ep) == "error: unknown tool 'weather'; offered: calculator, convert, lookup"
+    assert tool_message(ep) == "error: unknown tool 'weather'; offered: lookup"
     turn(ep, "1463723")
     s = ep.score()
     assert s["success"] and s["reward"] == pytest.approx(0.9)
@@ -126,7 +129,7 @@ def test_unknown_tool_lists_offered_tools():
 def test_v2_unknown_tool_lists_v2_names():
     ep = new_episode(V2[2], TOK)
     turn(ep, call("lookup", city="kyoto", field="population"))   # the v1 name
-    assert tool_message(ep) == "error: unknown tool 'lookup'; offered: calculate, convert_units, city_facts"
+    assert tool_message(ep) == "error: unknown tool 'lookup'; offered: city_facts"
 
 
 def test_wrong_argument_types():
@@ -263,7 +266,7 @@ def test_prompt_injection_in_city_name_is_data():
 # ---------------------------------------------------------------- desk semantics: v1 lenient, v2 strict
 
 def test_v1_service_accepts_words_and_symbols():
-    svc = make_service(V1[0])
+    svc = make_service(ALL1[0])
     assert isinstance(svc, DeskService) and not svc.strict
     assert svc("calculator", {"a": 2, "b": 3, "op": "add"}) == "5"
     assert svc("calculator", {"a": 2, "b": 3, "op": "+"}) == "5"
@@ -279,7 +282,7 @@ def test_v1_service_accepts_words_and_symbols():
 
 
 def test_v1_service_errors():
-    svc = make_service(V1[0])
+    svc = make_service(ALL1[0])
     with pytest.raises(ToolError, match="use add, sub or mul"):
         svc("calculator", {"a": 2, "b": 3, "op": "div"})
     with pytest.raises(ToolError, match="cannot convert length .km. to mass .kg."):
@@ -315,7 +318,7 @@ def test_v2_strict_accepts_canonical_forms_and_retry_succeeds():
     turn(ep, "55000")
     s = ep.score()
     assert s["success"] and s["reward"] == pytest.approx(1.0) and s["tool_errors"] == 1
-    svc = make_service(V2[0])
+    svc = make_service(ALL2[0])
     assert svc.strict
     assert svc("calculate", {"x": "49", "y": "62", "operator": "+"}) == "111"
     assert svc("calculate", {"x": " 7", "y": "3", "operator": "-"}) == "4"

@@ -112,7 +112,7 @@ def test_tool_without_parameters_accepts_only_no_arguments():
 
 
 def test_render_tools_lists_signature_and_first_sentence():
-    assert render_tools([TOOL]) == "tools:\ncalc(a:int,b:num,op:str,flag:bool) - Arithmetic"
+    assert render_tools([TOOL]) == "calc(a:int,b:num,op:str,flag:bool) - Arithmetic"
 
 
 @pytest.mark.parametrize("raw, norm", [(" 42. ", "42"), ("Norway", "norway"), ("  Peru .", "peru")])

@@ -1,0 +1,115 @@
+"""One RL step's parts, measured against peers in the same run; prints one JSON line.
+
+    python bench/rl_step.py --quick                     # under a minute
+    python bench/rl_step.py --model runs/local/champion --tasks 64 --group 8
+
+- Rollouts on the multi-turn desk environment (registry v2), same model, same tasks, same sampling:
+  vLLM (continuous batching across turns, in-process engine) against Hugging Face `generate` batched
+  per turn. Keys: vllm_/hf_ episodes_per_s and tokens_per_s, and their ratio.
+- One GRPO update on the vLLM batch (grpo_step_s).
+- A weight sync into the engine (`collective_rpc("reload_weights")` + prefix-cache reset) beside one
+  memcpy of the same bytes (weight_sync_s, memcpy_s).
+
+The engine is built once before timing (as a rollout worker does once per run); its build time is
+reported separately (engine_build_s). Without --model, the trained champion under runs/local is used
+if present, else a random tiny model (which never stops early, so it understates vLLM's advantage).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="16 tasks x 4 samples, one repetition")
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--tasks", type=int, default=64)
+    ap.add_argument("--group", type=int, default=8)
+    args = ap.parse_args()
+    n_tasks, group = (16, 4) if args.quick else (args.tasks, args.group)
+
+    import torch
+
+    from tasks.config import load_settings
+    from tasks.envs import desk, new_episode
+    from tasks.policy.backends import HFBackend, Sampling, VLLMBackend
+    from tasks.policy.model import build_model, load_model, save_model, state_dict_cpu
+    from tasks.rl.records import episode_record
+    from tasks.rl.train import grpo_update
+
+    settings = load_settings()
+    model_dir = args.model or (settings.run_dir / "champion")
+    if not (Path(model_dir) / "config.json").exists():
+        model, tok = build_model(settings.model)
+        model_dir = save_model(model, tok, settings.run_dir / "bench-random-model")
+    model, tok, model_dir = load_model(model_dir)
+    torch.set_num_threads(os.cpu_count())
+    tasks = desk.generate_tasks(n_tasks, 4242, desk.load_registry(settings.env.target_registry))
+    limits = {"max_turns": settings.env.max_turns, "max_tokens_per_turn": settings.env.max_tokens_per_turn,
+              "max_len": settings.model.max_len}
+    sampling = Sampling(temperature=settings.rollout.temperature, seed=1)
+
+    def episodes():
+        return [new_episode(t, tok, **limits) for t in tasks for _ in range(group)]
+
+    t0 = time.time()
+    engine = VLLMBackend(str(model_dir), max_len=settings.model.max_len, kv_cache_mb=settings.rollout.kv_cache_mb)
+    build_s = time.time() - t0
+    engine.run_episodes(episodes()[:8], sampling)  # warm-up
+    eps = episodes()
+    t0 = time.time()
+    v_stats = engine.run_episodes(eps, sampling)
+    v_s = time.time() - t0
+    v_success = sum(e.score()["success"] for e in eps) / len(eps)
+    records = [episode_record(e, i // group, i % group, 0) for i, e in enumerate(eps)]
+
+    hf = HFBackend(model, tok)
+    hf.run_episodes(episodes()[:8], sampling)  # warm-up
+    h_eps = episodes()
+    t0 = time.time()
+    h_stats = hf.run_episodes(h_eps, sampling)
+    h_s = time.time() - t0
+    h_success = sum(e.score()["success"] for e in h_eps) / len(h_eps)
+
+    train_model = load_model(model_dir)[0]
+    opt = torch.optim.AdamW(train_model.parameters(), lr=settings.grpo.lr)
+    t0 = time.time()
+    m = grpo_update(train_model, opt, records, settings, tok.pad_id)
+    grpo_s = time.time() - t0
+
+    sd = state_dict_cpu(train_model)
+    nbytes = sum(t.numel() * t.element_size() for t in sd.values())
+    t0 = time.time()
+    engine.load_weights(sd)
+    sync_s = time.time() - t0
+    dst = {k: torch.empty_like(v) for k, v in sd.items()}
+    t0 = time.time()
+    for k, v in sd.items():
+        dst[k].copy_(v)
+    memcpy_s = time.time() - t0
+
+    out = {
+        "bench": "rl_step", "quick": args.quick, "model_dir": str(model_dir), "episodes": len(eps),
+        "vllm_episodes_per_s": len(eps) / v_s, "hf_episodes_per_s": len(h_eps) / h_s,
+        "vllm_tokens_per_s": v_stats["generated_tokens"] / v_s, "hf_tokens_per_s": h_stats["generated_tokens"] / h_s,
+        "episodes_per_s_ratio_vllm_over_hf": (len(eps) / v_s) / (len(h_eps) / h_s),
+        "vllm_success": v_success, "hf_success": h_success, "hf_turn_batches": h_stats["turn_batches"],
+        "engine_build_s": build_s, "grpo_step_s": grpo_s, "grpo_trained_tokens": m["trained_tokens"],
+        "weight_bytes": nbytes, "weight_sync_s": sync_s, "memcpy_s": memcpy_s,
+        "weight_sync_over_memcpy": sync_s / max(memcpy_s, 1e-9), "threads": torch.get_num_threads(),
+    }
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
