@@ -114,6 +114,7 @@ def connect(settings, **init_kwargs):
     env = {"runtime_env": {"env_vars": {"PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[2]),
                                                                                   os.environ.get("PYTHONPATH")]))}}}
     if settings.ray.address:
+        os.environ["RAY_ADDRESS"] = settings.ray.address  # Ray Train's helpers resolve the cluster by it
         return ray.init(address=settings.ray.address, log_to_driver=True, **env, **init_kwargs)
     return ray.init(num_cpus=settings.ray.num_cpus or os.cpu_count(), include_dashboard=False,
                     _node_ip_address="127.0.0.1", log_to_driver=True, **env, **init_kwargs)

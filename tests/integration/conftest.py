@@ -41,11 +41,15 @@ def ray_head(tmp_path_factory):
     temp_dir = RAY_TEMP_DIR
     # 4 logical CPUs on 2 cores: the session pool (2 x 0.5) and a training run (1 + 2 x 0.5) may overlap
     head = start_local_head(temp_dir, port=_free_port(), num_cpus=4, dashboard_port=None)
-    os.environ.update(head.env)  # the head's auth token, for this driver and the subprocesses it starts
-    ray.init(address=head.address, logging_level="WARNING")
-    yield head
-    ray.shutdown()
-    head.stop()
+    # the head's auth token and address, for this driver and the subprocesses it starts (Ray's own
+    # helpers look the cluster up by RAY_ADDRESS and fail if several clusters run on the machine)
+    os.environ.update(head.env, RAY_ADDRESS=head.address)
+    try:
+        ray.init(address=head.address, logging_level="WARNING")
+        yield head
+    finally:
+        ray.shutdown()
+        head.stop()
     assert head.pids() == [], "Ray processes of the test head are still running"
 
 
