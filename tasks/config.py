@@ -52,9 +52,9 @@ class EnvSettings(_Section):
 
 
 class BootstrapSettings(_Section):
-    steps: int = Field(500, ge=1, description="SFT steps that make the first champion")
-    batch_size: int = Field(64, ge=1, description="episodes per SFT step")
-    lr: float = Field(3e-3, gt=0, description="AdamW peak learning rate (cosine decay, short warmup)")
+    steps: int = Field(900, ge=1, description="SFT steps that make the first champion")
+    batch_size: int = Field(32, ge=1, description="episodes per SFT step")
+    lr: float = Field(4e-3, gt=0, description="AdamW peak learning rate (warmup, hold, cosine decay)")
     seed: int = Field(1, description="seed of the random-schema demonstration tasks")
 
 
@@ -78,6 +78,7 @@ class GRPOSettings(_Section):
     kl_coef: float = Field(0.0, ge=0, description="weight of the k3 KL to the reference (initial) policy; 0 = off")
     max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping norm")
     minibatches: int = Field(1, ge=1, description="optimizer steps per rollout batch")
+    micro_batch_tokens: int = Field(8192, ge=512, description="padded tokens per forward/backward (memory bound)")
     checkpoint_every: int = Field(5, ge=1, description="checkpoint every N steps (weights, optimizer, RNG, step)")
     num_train_workers: int = Field(1, ge=1, description="Ray Train workers (DDP over gloo on CPU)")
     seed: int = Field(7, description="seed of task sampling and rollouts")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from pathlib import Path
 
@@ -40,6 +41,19 @@ def training_tasks(settings, step: int) -> list:
     return target + guard
 
 
+def _micro_batches(indices: list[int], records: list[dict], max_tokens: int) -> list[list[int]]:
+    """Consecutive (length-sorted) indices grouped so that padded size stays under max_tokens."""
+    out, cur, width = [], [], 0
+    for i in indices:
+        n = len(records[i]["prompt_ids"]) + len(records[i]["completion_ids"])
+        if cur and max(width, n) * (len(cur) + 1) > max_tokens:
+            out.append(cur)
+            cur, width = [], 0
+        cur.append(i)
+        width = max(width, n)
+    return out + ([cur] if cur else [])
+
+
 def grpo_update(model, optimizer, records: list[dict], settings, pad_id: int, ref_model=None) -> dict:
     """One GRPO update from a batch of rollout records; returns its metrics."""
     g = settings.grpo
@@ -53,27 +67,39 @@ def grpo_update(model, optimizer, records: list[dict], settings, pad_id: int, re
     if not keep:
         metrics.update(loss=0.0, grad_norm=0.0, clip_fraction=0.0, trained_tokens=0)
         return metrics
-    seqs = [records[i]["prompt_ids"] + records[i]["completion_ids"] for i in keep]
-    masks = [[0] * len(records[i]["prompt_ids"]) + records[i]["completion_mask"] for i in keep]
-    ids, attn, loss_mask = pad_batch(seqs, masks, pad_id)
-    advantages = torch.tensor([adv[i] for i in keep], dtype=torch.float32)
-    with torch.no_grad():
-        old_logp = sequence_token_logprobs(model, ids, attn)
-        ref_logp = sequence_token_logprobs(ref_model, ids, attn) if ref_model is not None and g.kl_coef > 0 else None
+    # length-sorted micro-batches: little padding, bounded memory; gradients accumulate over them and
+    # the token-level mean is taken over the whole mini-batch, as if it were one tensor
+    keep.sort(key=lambda i: len(records[i]["prompt_ids"]) + len(records[i]["completion_ids"]))
+    micro = _micro_batches(keep, records, g.micro_batch_tokens)
+    batches = []
+    for mb in micro:
+        seqs = [records[i]["prompt_ids"] + records[i]["completion_ids"] for i in mb]
+        masks = [[0] * len(records[i]["prompt_ids"]) + records[i]["completion_mask"] for i in mb]
+        ids, attn, loss_mask = pad_batch(seqs, masks, pad_id)
+        with torch.no_grad():
+            old = sequence_token_logprobs(model, ids, attn)
+            ref = sequence_token_logprobs(ref_model, ids, attn) if ref_model is not None and g.kl_coef > 0 else None
+        batches.append((ids, attn, loss_mask, old, ref, torch.tensor([adv[i] for i in mb], dtype=torch.float32)))
     model.train()
-    losses, norms, stats = [], [], {}
-    for mb in torch.arange(len(keep)).chunk(g.minibatches):
-        logp = sequence_token_logprobs(model, ids[mb], attn[mb])
-        loss, stats = clipped_policy_loss(logp, old_logp[mb], advantages[mb], loss_mask[mb], g.eps_low, g.eps_high,
-                                          None if ref_logp is None else ref_logp[mb], g.kl_coef)
+    losses, norms, clip, trained = [], [], 0.0, 0
+    for group in [batches[k::g.minibatches] for k in range(g.minibatches)]:
+        n_tokens = sum(float(b[2].sum()) for b in group)
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        total = 0.0
+        for ids, attn, loss_mask, old, ref, a in group:
+            logp = sequence_token_logprobs(model, ids, attn)
+            loss, stats = clipped_policy_loss(logp, old, a, loss_mask, g.eps_low, g.eps_high, ref, g.kl_coef)
+            share = float(loss_mask.sum()) / n_tokens
+            (loss * share).backward()
+            total += loss.item() * share
+            clip += stats["clip_fraction"] * float(loss_mask.sum())
         norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), g.max_grad_norm)))
         optimizer.step()
-        losses.append(loss.item())
+        losses.append(total)
+        trained += int(n_tokens)
     model.eval()
-    metrics.update(loss=sum(losses) / len(losses), grad_norm=max(norms), trained_tokens=int(loss_mask.sum()),
-                   **{k: v for k, v in stats.items() if k != "ratio_mean"})
+    metrics.update(loss=sum(losses) / len(losses), grad_norm=max(norms), trained_tokens=trained,
+                   clip_fraction=clip / max(trained, 1), micro_batches=len(batches))
     return metrics
 
 
@@ -93,6 +119,9 @@ def grpo_loop(config: dict) -> None:
 
     settings = Settings.model_validate(config["settings"])
     g = settings.grpo
+    # Ray sets OMP_NUM_THREADS=1 for a 1-CPU worker; rollouts and updates alternate, so while this
+    # worker trains the engines are idle and it may use every core of the node
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // settings.grpo.num_train_workers))
     run_dir = Path(config["run_dir"])
     ckpt_dir = run_dir / "checkpoints"
     ctx = ray.train.get_context()
