@@ -62,24 +62,20 @@ def main() -> None:
     def episodes():
         return [new_episode(t, tok, **limits) for t in tasks for _ in range(group)]
 
+    def timed_rollout(backend):
+        """(episodes, generated tokens, seconds, success) after a small warm-up batch."""
+        backend.run_episodes(episodes()[:8], sampling)
+        eps = episodes()
+        t0 = time.time()
+        stats = backend.run_episodes(eps, sampling)
+        return eps, stats["generated_tokens"], time.time() - t0, sum(e.score()["success"] for e in eps) / len(eps)
+
     t0 = time.time()
     engine = VLLMBackend(str(model_dir), max_len=settings.model.max_len, kv_cache_mb=settings.rollout.kv_cache_mb)
     build_s = time.time() - t0
-    engine.run_episodes(episodes()[:8], sampling)  # warm-up
-    eps = episodes()
-    t0 = time.time()
-    v_stats = engine.run_episodes(eps, sampling)
-    v_s = time.time() - t0
-    v_success = sum(e.score()["success"] for e in eps) / len(eps)
+    eps, v_tokens, v_s, v_success = timed_rollout(engine)
     records = [episode_record(e, i // group, i % group, 0) for i, e in enumerate(eps)]
-
-    hf = HFBackend(model, tok)
-    hf.run_episodes(episodes()[:8], sampling)  # warm-up
-    h_eps = episodes()
-    t0 = time.time()
-    h_stats = hf.run_episodes(h_eps, sampling)
-    h_s = time.time() - t0
-    h_success = sum(e.score()["success"] for e in h_eps) / len(h_eps)
+    h_eps, h_tokens, h_s, h_success = timed_rollout(HFBackend(model, tok))
 
     train_model = load_model(model_dir)[0]
     opt = torch.optim.AdamW(train_model.parameters(), lr=settings.grpo.lr)
@@ -101,9 +97,9 @@ def main() -> None:
     out = {
         "bench": "rl_step", "quick": args.quick, "model_dir": str(model_dir), "episodes": len(eps),
         "vllm_episodes_per_s": len(eps) / v_s, "hf_episodes_per_s": len(h_eps) / h_s,
-        "vllm_tokens_per_s": v_stats["generated_tokens"] / v_s, "hf_tokens_per_s": h_stats["generated_tokens"] / h_s,
+        "vllm_tokens_per_s": v_tokens / v_s, "hf_tokens_per_s": h_tokens / h_s,
         "episodes_per_s_ratio_vllm_over_hf": (len(eps) / v_s) / (len(h_eps) / h_s),
-        "vllm_success": v_success, "hf_success": h_success, "hf_turn_batches": h_stats["turn_batches"],
+        "vllm_success": v_success, "hf_success": h_success,
         "engine_build_s": build_s, "grpo_step_s": grpo_s, "grpo_trained_tokens": m["trained_tokens"],
         "weight_bytes": nbytes, "weight_sync_s": sync_s, "memcpy_s": memcpy_s,
         "weight_sync_over_memcpy": sync_s / max(memcpy_s, 1e-9), "threads": torch.get_num_threads(),

@@ -81,6 +81,7 @@ def run_demo(settings, fresh: bool = True) -> dict:
     boot = bootstrap_champion(settings, champ_dir) if not (champ_dir / "config.json").exists() else {"model_dir": str(champ_dir)}
     timings["bootstrap_s"] = time.time() - t0
 
+    owns_ray = not ray.is_initialized()  # a caller's cluster (tests, Airflow) is left running
     connect(settings)
     try:
         t0 = time.time()
@@ -102,7 +103,8 @@ def run_demo(settings, fresh: bool = True) -> dict:
         timings["eval_challenger_s"] = time.time() - t0
         pool.shutdown()
     finally:
-        ray.shutdown()
+        if owns_ray:
+            ray.shutdown()
 
     e = settings.eval
     comparisons = {reg: compare(challenger[reg], champion[reg], "sampled_success", e.bootstrap_resamples, e.confidence)

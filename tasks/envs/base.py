@@ -13,7 +13,9 @@ The model's tool-call format is `<tool_call>{"name": ..., "arguments": {...}}</t
 without a tool call is the final answer. Malformed output never raises: it earns a tool error message
 (so the model may retry), a lower format/validity score and a reason.
 
-Reward = 0.1 * format + 0.1 * call_validity + 0.8 * correct, each in [0, 1].
+Reward = 0.1 * format + 0.1 * call_validity + 0.8 * correct, each in [0, 1]. An answer is correct only
+when it matches the expected value *and* a successful tool result backs it: a policy must not learn to
+answer from memory after a failed call (the table behind a tool changes in production; memory does not).
 """
 from __future__ import annotations
 
@@ -149,6 +151,7 @@ class Episode:
     n_valid_calls: int = 0
     n_tool_errors: int = 0
     n_well_formed_turns: int = 0
+    tool_results: list[str] = field(default_factory=list)  # results of calls that succeeded
     end_reason: str = ""
     completion_tokens: int = 0
 
@@ -228,6 +231,7 @@ class Episode:
             self.n_valid_calls += 1
             try:
                 results.append(str(self.service(call.name, call.arguments)))
+                self.tool_results.append(results[-1])
             except ToolError as e:
                 self.n_tool_errors += 1
                 results.append(f"error: {e}")
@@ -244,13 +248,17 @@ class Episode:
 
     def score(self) -> dict[str, Any]:
         """Reward in [0, 1] with its named components and a reason."""
-        correct = float(self.answer is not None and normalise_answer(self.answer) == normalise_answer(self.task.expected))
+        matches = self.answer is not None and normalise_answer(self.answer) == normalise_answer(self.task.expected)
+        grounded = any(normalise_answer(r) == normalise_answer(self.task.expected) for r in self.tool_results)
+        correct = float(matches and grounded)
         fmt = self.n_well_formed_turns / self.turns if self.turns else 0.0
         validity = self.n_valid_calls / self.n_calls if self.n_calls else 0.0
         components = {"format": fmt, "call_validity": validity, "correct": correct}
         reward = sum(REWARD_WEIGHTS[k] * v for k, v in components.items())
         if correct:
             reason = "correct"
+        elif matches:
+            reason = "right value, but no successful tool call returned it (answered from memory)"
         elif self.answer is None:
             reason = self.end_reason
         else:

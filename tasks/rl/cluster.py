@@ -111,10 +111,21 @@ def connect(settings, **init_kwargs):
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_CHDIR_TO_TRIAL_DIR", "0")
     init_kwargs.setdefault("logging_level", "WARNING")
+    # without a dashboard, Ray Train's placement-group watcher logs "State API may be temporarily
+    # unavailable" every few seconds; ERROR-level system logs keep the console readable
+    init_kwargs.setdefault("logging_config", ray.LoggingConfig(encoding="TEXT", log_level="ERROR"))
     env = {"runtime_env": {"env_vars": {"PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[2]),
                                                                                   os.environ.get("PYTHONPATH")]))}}}
-    if settings.ray.address:
-        os.environ["RAY_ADDRESS"] = settings.ray.address  # Ray Train's helpers resolve the cluster by it
-        return ray.init(address=settings.ray.address, log_to_driver=True, **env, **init_kwargs)
-    return ray.init(num_cpus=settings.ray.num_cpus or os.cpu_count(), include_dashboard=False,
-                    _node_ip_address="127.0.0.1", log_to_driver=True, **env, **init_kwargs)
+    # ray.LoggingConfig reaches the workers, but it also reconfigures this process's root logger:
+    # keep the driver's own progress lines
+    root = logging.getLogger()
+    level, handlers = root.level, list(root.handlers)
+    try:
+        if settings.ray.address:
+            os.environ["RAY_ADDRESS"] = settings.ray.address  # Ray Train's helpers resolve the cluster by it
+            return ray.init(address=settings.ray.address, log_to_driver=True, **env, **init_kwargs)
+        return ray.init(num_cpus=settings.ray.num_cpus or os.cpu_count(), include_dashboard=False,
+                        _node_ip_address="127.0.0.1", log_to_driver=True, **env, **init_kwargs)
+    finally:
+        root.setLevel(level)
+        root.handlers[:] = handlers

@@ -119,6 +119,9 @@ def grpo_loop(config: dict) -> None:
 
     settings = Settings.model_validate(config["settings"])
     g = settings.grpo
+    # Ray 2.60's train context logs every report at INFO on the root logger; keep ours, drop that
+    logging.getLogger().setLevel(logging.WARNING)
+    logging.getLogger("tasks").setLevel(logging.INFO)
     # Ray sets OMP_NUM_THREADS=1 for a 1-CPU worker; rollouts and updates alternate, so while this
     # worker trains the engines are idle and it may use every core of the node
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // settings.grpo.num_train_workers))

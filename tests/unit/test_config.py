@@ -2,6 +2,7 @@
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tasks.config import DEFAULT_CONFIG, PROJECT_ROOT, Settings, SettingsError, load_settings
 
@@ -18,7 +19,8 @@ def test_defaults_load_from_the_shipped_yaml():
     s = load_settings(environ={})
     assert isinstance(s, Settings)
     # values the YAML sets differently from the code defaults prove the file was read
-    assert s.bootstrap.steps == 300 and s.bootstrap.batch_size == 32
+    shipped = yaml.safe_load(DEFAULT_CONFIG.read_text())
+    assert s.bootstrap.steps == shipped["bootstrap"]["steps"] and s.bootstrap.batch_size == 32
     assert s.grpo.tasks_per_step == 16
     # values from the YAML equal to the code defaults
     assert (s.model.hidden_size, s.model.num_heads, s.model.max_len) == (128, 4, 512)
@@ -44,7 +46,7 @@ def test_explicit_overrides_win_over_env():
 
 def test_environ_argument_replaces_os_environ(monkeypatch):
     monkeypatch.setenv("EVERGREEN_GRPO__STEPS", "11")
-    assert load_settings(environ={}).grpo.steps == 30
+    assert load_settings(environ={}).grpo.steps == yaml.safe_load(DEFAULT_CONFIG.read_text())["grpo"]["steps"]
     assert load_settings().grpo.steps == 11
 
 

@@ -65,11 +65,12 @@ def test_correct_call_then_correct_answer(task, text):
     assert (s["turns"], s["tool_calls"], s["tool_errors"]) == (2, 1, 0)
 
 
-def test_answer_without_a_call_is_correct_but_scores_no_validity():
+def test_answer_without_a_call_is_not_credited():
     ep = new_episode(V1[3], TOK)
     turn(ep, " 111. ")
     s = ep.score()
-    assert s["success"] and s["reward"] == pytest.approx(0.9)   # 0.1 format + 0 validity + 0.8 correct
+    # the value is right but no tool returned it: answered from memory, no credit for correctness
+    assert not s["success"] and s["reward"] == pytest.approx(0.1) and "memory" in s["reason"]
 
 
 def test_loss_mask_is_one_exactly_on_completion_tokens():
@@ -122,7 +123,7 @@ def test_unknown_tool_lists_offered_tools():
     assert tool_message(ep) == "error: unknown tool 'weather'; offered: lookup"
     turn(ep, "1463723")
     s = ep.score()
-    assert s["success"] and s["reward"] == pytest.approx(0.9)
+    assert not s["success"] and s["reward"] == pytest.approx(0.1)
     assert s["components"]["call_validity"] == 0.0
 
 
@@ -143,8 +144,8 @@ def test_wrong_argument_types():
     assert tool_message(ep2) == "error: missing required argument 'op'"
     turn(ep2, "432")
     s = ep2.score()
-    assert s["components"] == {"format": 1.0, "call_validity": 0.0, "correct": 1.0}
-    assert s["reward"] == pytest.approx(0.9) and s["tool_calls"] == 2 and s["tool_errors"] == 0
+    assert s["components"] == {"format": 1.0, "call_validity": 0.0, "correct": 0.0}
+    assert s["reward"] == pytest.approx(0.1) and s["tool_calls"] == 2 and s["tool_errors"] == 0
 
 
 def test_turn_without_eos_ends_the_episode():
@@ -260,7 +261,7 @@ def test_prompt_injection_in_city_name_is_data():
     assert ep.n_tool_errors == 1
     turn(ep, "23")
     s = ep.score()
-    assert s["success"] and s["tool_errors"] == 1
+    assert not s["success"] and s["tool_errors"] == 1
 
 
 # ---------------------------------------------------------------- desk semantics: v1 lenient, v2 strict
