@@ -6,7 +6,8 @@ Departures from the GRPO paper (Shao et al., 2024), all by configuration:
 - advantages are (r - mean) / (std + eps) per group ("std"), or r - mean as in Dr. GRPO ("mean");
 - the ratio is clipped asymmetrically, [1 - eps_low, 1 + eps_high] (DAPO's clip-higher);
 - the loss is aggregated per token over the whole batch (DAPO's token-level mean), not per sequence;
-- the KL term is the k3 estimator exp(ref - logp) - (ref - logp) - 1 and is off by default (kl_coef 0);
+- the KL term is the k3 estimator exp(ref - logp) - (ref - logp) - 1 against the initial policy (the
+  champion), per token, off when kl_coef is 0 (the shipped config uses 0.1);
 - only the model's own tokens carry loss: prompts and tool results are masked out.
 """
 from __future__ import annotations
