@@ -57,21 +57,26 @@ def test_weight_sync_matches_hf_generate_token_for_token(pool, settings, tmp_pat
 
 
 def test_killing_an_actor_mid_batch_loses_and_duplicates_nothing(pool, tmp_path):
-    tasks = _tasks(8, seed=9)
+    tasks = _tasks(16, seed=9)
     reference = pool.run_batch(tasks, group_size=8, out_dir=tmp_path / "clean", seed=21)
     victim = pool.actors[0]
     victim_pid = ray.get(victim.info.remote())["pid"]
+    step_dir = tmp_path / "killed" / f"step-{pool.policy_version:05d}"
 
-    def kill_when_busy():
-        time.sleep(1.0)  # the first shards are running by now
+    def kill_when_first_shard_lands():
+        # each actor runs one shard at a time and the batch has two per actor: when the first shard
+        # file appears, the victim still holds a shard in flight or queued
+        deadline = time.time() + 120
+        while not list(step_dir.glob("shard-*.jsonl")) and time.time() < deadline:
+            time.sleep(0.005)
         ray.kill(victim, no_restart=True)
 
-    killer = threading.Thread(target=kill_when_busy)
+    killer = threading.Thread(target=kill_when_first_shard_lands)
     killer.start()
     records = pool.run_batch(tasks, group_size=8, out_dir=tmp_path / "killed", seed=21)
     killer.join()
     assert ray.get(pool.actors[0].info.remote())["pid"] != victim_pid, "the dead actor was not replaced"
-    assert len(records) == 64
+    assert len(records) == 128
     key = lambda r: (r["task_index"], r["rollout_index"], r["policy_version"])
     assert [key(r) for r in records] == [key(r) for r in reference]
     # per-episode seeds: the rerun shard reproduces the lost records exactly
