@@ -18,12 +18,9 @@ log = logging.getLogger(__name__)
 
 def bootstrap_champion(settings, out_dir: str | Path) -> dict:
     """Build the tiny model from config and fine-tune it into a registry-v1 agent; returns its stats."""
-    import torch
-
     from tasks.policy.model import build_model, save_model
     from tasks.policy.sft import sft_train
 
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     t0 = time.time()
     model, tokenizer = build_model(settings.model)
     losses = sft_train(model, tokenizer, settings)

@@ -27,21 +27,17 @@ class EvalResult:
         return mean_ci(self.column(key), resamples=resamples, confidence=confidence)
 
 
-def _run(backend, episodes, sampling, ids):
-    kwargs = {"episode_ids": ids} if backend.name == "vllm" else {}
-    backend.run_episodes(episodes, sampling, **kwargs)
-
-
 def evaluate(backend, tasks: list[Task], tokenizer, samples: int, temperature: float, seed: int,
              env_limits: dict | None = None, first_index: int = 0) -> EvalResult:
     """Greedy and `samples` sampled attempts per task; seeds depend on the task's index in the whole set
     (`first_index` + position), so any split of the set over workers gives the same results."""
     limits = env_limits or {}
     greedy_eps = [new_episode(t, tokenizer, **limits) for t in tasks]
-    _run(backend, greedy_eps, Sampling(temperature=0.0, seed=seed), [first_index + i for i in range(len(tasks))])
+    backend.run_episodes(greedy_eps, Sampling(temperature=0.0, seed=seed),
+                         episode_ids=[first_index + i for i in range(len(tasks))])
     sampled_eps = [new_episode(t, tokenizer, **limits) for t in tasks for _ in range(samples)]
-    _run(backend, sampled_eps, Sampling(temperature=temperature, seed=seed),
-         [(first_index + i) * 1000 + k for i in range(len(tasks)) for k in range(samples)])
+    backend.run_episodes(sampled_eps, Sampling(temperature=temperature, seed=seed),
+                         episode_ids=[(first_index + i) * 1000 + k for i in range(len(tasks)) for k in range(samples)])
     table = []
     for i, (task, g) in enumerate(zip(tasks, greedy_eps)):
         scores = [e.score() for e in sampled_eps[i * samples:(i + 1) * samples]]

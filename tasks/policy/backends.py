@@ -74,7 +74,10 @@ class HFBackend:
             results.append((toks, lps))
         return results
 
-    def run_episodes(self, episodes: list[Episode], sampling: Sampling, on_done: Callable | None = None) -> dict:
+    def run_episodes(self, episodes: list[Episode], sampling: Sampling, on_done: Callable | None = None,
+                     episode_ids: list[int] | None = None) -> dict:
+        """`episode_ids` is accepted for the common interface; `generate` cannot seed rows one by one,
+        so HF runs are reproducible per whole batch (one seed per turn), not per episode."""
         turn, tokens = 0, 0
         while active := [e for e in episodes if not e.done]:
             results = self.generate([e.prompt_ids() for e in active], [e.remaining_tokens() for e in active],

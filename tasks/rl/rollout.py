@@ -75,8 +75,7 @@ class RolloutWorker:
         episodes = [new_episode(Task.from_dict(it["task"]), self.tokenizer, **self.limits) for it in items]
         ids = [it["task_index"] * 10_000 + it["rollout_index"] for it in items]
         sampling = Sampling(temperature=shard["temperature"], seed=shard["seed"])
-        kwargs = {"episode_ids": ids} if self.backend.name == "vllm" else {}
-        stats = self.backend.run_episodes(episodes, sampling, **kwargs)
+        stats = self.backend.run_episodes(episodes, sampling, episode_ids=ids)
         records = [episode_record(ep, it["task_index"], it["rollout_index"], shard["policy_version"])
                    for ep, it in zip(episodes, items)]
         path = write_shard(shard["path"], records)
