@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Callable
 
 from tasks.policy.tokenizer import EOS, ROLE_TOKENS, TOOL_CALL_CLOSE, TOOL_CALL_OPEN, CharTokenizer
 
@@ -50,10 +50,6 @@ class Task:
     @classmethod
     def from_dict(cls, d: dict) -> "Task":
         return cls(**d)
-
-
-class ToolService(Protocol):
-    def __call__(self, name: str, arguments: dict) -> str: ...
 
 
 class ToolError(Exception):
