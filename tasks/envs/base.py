@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from tasks.policy.tokenizer import EOS, ROLE_TOKENS, TOOL_CALL_CLOSE, TOOL_CALL_OPEN, CharTokenizer
+from tasks.policy.tokenizer import EOS, TOOL_CALL_CLOSE, TOOL_CALL_OPEN, CharTokenizer
 
 REWARD_WEIGHTS = {"format": 0.1, "call_validity": 0.1, "correct": 0.8}
 _CALL_RE = re.compile(re.escape(TOOL_CALL_OPEN) + r"(.*?)(" + re.escape(TOOL_CALL_CLOSE) + r"|$)", re.S)
@@ -157,16 +157,7 @@ class Episode:
             {"role": "user", "content": self.task.question},
         ]
         for m in self.messages:
-            self._append_message(m["role"], m["content"])
-
-    def _append_message(self, role: str, content: str) -> None:
-        """A context message; its content is data, so special-token text in it (a tool result saying
-        "<|system|>...") stays plain characters and cannot forge a role."""
-        tok = self.tokenizer
-        self._append_ids([tok.token_to_id[ROLE_TOKENS[role]], *tok.encode(content, specials=False), tok.eos_id])
-
-    def _append_context(self, text: str) -> None:
-        self._append_ids(self.tokenizer.encode(text))
+            self._append_ids(self.tokenizer.encode_message(m["role"], m["content"]))
 
     def _append_ids(self, ids: list[int]) -> None:
         self.token_ids += ids
@@ -175,7 +166,7 @@ class Episode:
 
     def prompt_ids(self) -> list[int]:
         """Token ids the backend continues from: the transcript so far plus the assistant role token."""
-        return self.token_ids + [self.tokenizer.token_to_id[ROLE_TOKENS["assistant"]]]
+        return self.token_ids + [self.tokenizer.assistant_id]
 
     def remaining_tokens(self) -> int:
         return min(self.max_tokens_per_turn, self.max_len - len(self.token_ids) - 1)
@@ -183,7 +174,7 @@ class Episode:
     def add_completion(self, completion_ids: list[int], logprobs: list[float] | None = None) -> None:
         if self.done:
             raise RuntimeError(f"episode {self.task.task_id} is already done ({self.end_reason})")
-        self._append_context(ROLE_TOKENS["assistant"])
+        self._append_ids([self.tokenizer.assistant_id])
         self.token_ids += list(completion_ids)
         self.loss_mask += [1] * len(completion_ids)
         self.logprobs += list(logprobs) if logprobs is not None else [0.0] * len(completion_ids)
@@ -237,7 +228,7 @@ class Episode:
         self.n_well_formed_turns += well_formed
         content = "\n".join(results)
         self.messages.append({"role": "tool", "content": content})
-        self._append_message("tool", content)
+        self._append_ids(self.tokenizer.encode_message("tool", content))
 
     def _finish(self, reason: str) -> None:
         self.done, self.end_reason = True, reason

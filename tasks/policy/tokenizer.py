@@ -39,6 +39,16 @@ class CharTokenizer:
         self.pad_id, self.bos_id, self.eos_id = (self.token_to_id[t] for t in (PAD, BOS, EOS))
         self._specials_by_first = sorted(self.specials, key=len, reverse=True)
 
+    def encode_message(self, role: str, content: str) -> list[int]:
+        """Ids of one context message, `render_message` as tokens; the content is data, so text like
+        "<|system|>" in a tool result stays plain characters and cannot forge a role."""
+        return [self.token_to_id[ROLE_TOKENS[role]], *self.encode(content, specials=False), self.eos_id]
+
+    @property
+    def assistant_id(self) -> int:
+        """The role token a generation continues from."""
+        return self.token_to_id[ROLE_TOKENS["assistant"]]
+
     @property
     def vocab_size(self) -> int:
         return len(self.vocab)

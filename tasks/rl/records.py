@@ -48,10 +48,10 @@ def write_shard(path: str | Path, records: list[dict]) -> Path:
                 f.write(json.dumps(r, separators=(",", ":")) + "\n")
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        os.replace(tmp, path)  # atomic: readers see the old shard or the whole new one
     except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise  # atomic: readers see the old shard or the whole new one
+        tmp.unlink(missing_ok=True)  # a failed write leaves neither a partial shard nor a temp file
+        raise
     return path
 
 
