@@ -5,6 +5,10 @@
     python -m tasks rollout --model runs/local/champion --registry 2 --tasks 8 --out runs/local/rollouts
     python -m tasks train --init runs/local/champion --run-dir runs/local/grpo
     python -m tasks demo                                           # the whole loop, with a summary
+    python -m tasks ingest --input PATH --output DIR               # traces -> accepted + quarantine + GX docs
+    python -m tasks drift --reference REF --current CUR            # drift report (JSON)
+    python -m tasks tooldiff OLD NEW                               # tool-registry diff (JSON)
+    python -m tasks simulate --out DIR --start D --end D --change-at D   # simulated production traces
 
 Settings come from include/config/pipeline.yaml and EVERGREEN_<SECTION>__<FIELD> variables; `--set
 grpo.steps=5` overrides one field for this command. Progress goes to stderr as log lines; results
@@ -57,6 +61,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--run-dir", required=True)
     p.add_argument("--fail-at-step", type=int, help="raise at this step (fault-injection tests)")
     sub.add_parser("demo", help="bootstrap, eval, GRPO against the target registry, eval, summary")
+    from tasks.signals import cli as signals_cli
+
+    signals_cli.add_parsers(sub)
     args = parser.parse_args(argv)
 
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, stream=sys.stderr,
@@ -69,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
         print(e, file=sys.stderr)
         return 2
 
+    if args.command in signals_cli.COMMANDS:
+        return signals_cli.run(args, settings)
     if args.command == "bootstrap":
         from tasks.pipeline import bootstrap_champion
 

@@ -101,6 +101,26 @@ class EvalSettings(_Section):
     confidence: float = Field(0.95, gt=0.5, lt=1, description="confidence level of the intervals")
 
 
+class IngestSettings(_Section):
+    chunk_rows: int = Field(50_000, ge=100, description="rows parsed, checked and validated (GX) per chunk: bounds memory "
+                            "(the chunk's raw lines); each GX run costs ~0.25 s whatever its size")
+    max_line_bytes: int = Field(1 << 20, ge=1024, description="a longer line is quarantined unparsed ('line too long')")
+    max_quarantine_share: float = Field(0.1, ge=0, le=1, description="a window with a larger share of bad rows fails")
+    required_workloads: list[str] = Field(default_factory=list, description="workloads that must appear in every window")
+    future_tolerance_s: float = Field(300.0, ge=0, description="clock skew allowed past the window end before a "
+                                      "timestamp counts as 'in the future'")
+
+
+class DriftSettings(_Section):
+    alpha: float = Field(0.05, gt=0, lt=0.5, description="family-wise false-alarm rate across all drift tests of a report")
+    correction: Literal["holm", "bonferroni"] = Field("holm", description="multiple-testing correction across the family")
+    min_samples: int = Field(200, ge=10, description="traces per workload and window below which a test says 'insufficient data'")
+    min_success_diff: float = Field(0.05, gt=0, lt=1, description="smallest success-rate change (absolute) that must be detected")
+    min_tool_error_diff: float = Field(0.05, gt=0, lt=1, description="smallest tool-error-rate change (absolute) that must be detected")
+    min_ks: float = Field(0.1, gt=0, lt=1, description="smallest KS distance (prompt tokens, turns, tool calls) that must be detected")
+    min_psi: float = Field(0.1, gt=0, description="smallest population-stability index of the tool-name mix that must be detected")
+
+
 class RaySettings(_Section):
     address: str | None = Field(None, description="existing cluster address; None starts a local one in-process")
     num_cpus: int | None = Field(None, ge=1, description="logical CPUs of a local cluster (None: all cores)")
@@ -114,6 +134,8 @@ class Settings(_Section):
     rollout: RolloutSettings = RolloutSettings()
     grpo: GRPOSettings = GRPOSettings()
     eval: EvalSettings = EvalSettings()
+    ingest: IngestSettings = IngestSettings()
+    drift: DriftSettings = DriftSettings()
     ray: RaySettings = RaySettings()
 
     @field_validator("run_dir")

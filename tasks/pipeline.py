@@ -18,13 +18,14 @@ log = logging.getLogger(__name__)
 
 def bootstrap_champion(settings, out_dir: str | Path) -> dict:
     """Build the tiny model from config and fine-tune it into a registry-v1 agent; returns its stats."""
+    from tasks.envs import get_env
     from tasks.policy.model import build_model, save_model
     from tasks.policy.sft import sft_train
 
     t0 = time.time()
     model, tokenizer = build_model(settings.model)
     losses = sft_train(model, tokenizer, settings)
-    path = save_model(model, tokenizer, out_dir)
+    path = save_model(model, tokenizer, out_dir, registry=get_env(settings.env.name).load_registry(settings.env.champion_registry))
     stats = {"model_dir": str(path), "sft_steps": len(losses), "final_loss": losses[-1], "seconds": time.time() - t0,
              "parameters": sum(p.numel() for p in model.parameters())}
     log.info("bootstrap: %s", stats)

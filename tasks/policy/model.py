@@ -6,6 +6,7 @@ tokenizer of tasks/policy/tokenizer.py; nothing is downloaded. A model directory
 """
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -31,13 +32,22 @@ def build_model(model_settings, tokenizer: CharTokenizer | None = None):
     return LlamaForCausalLM(cfg), tokenizer
 
 
-def save_model(model, tokenizer: CharTokenizer, directory: str | Path) -> Path:
-    """Write atomically: a half-written model directory is never visible under its final name."""
+REGISTRY_FILE = "tool_registry.json"
+
+
+def save_model(model, tokenizer: CharTokenizer, directory: str | Path, registry: dict | None = None) -> Path:
+    """Write atomically: a half-written model directory is never visible under its final name.
+
+    `registry` is the tool registry the model was trained for, kept beside the weights so that a
+    later tool change can be diffed against it (tasks.signals.tools.registry_of_model).
+    """
     directory = Path(directory)
     directory.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
     model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save(tmp)
+    if registry is not None:
+        (tmp / REGISTRY_FILE).write_text(json.dumps(registry, indent=1))
     if directory.exists():
         old = directory.with_name(f".{directory.name}.old-{os.getpid()}")
         directory.rename(old)

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from tasks.envs import get_env
 from tasks.rl.grpo import clipped_policy_loss, group_advantages, pad_batch, sequence_token_logprobs
 
 log = logging.getLogger(__name__)
@@ -31,8 +32,6 @@ log = logging.getLogger(__name__)
 
 def training_tasks(settings, step: int) -> list:
     """The tasks of one step: deterministic in (seed, step), disjoint from the eval seeds."""
-    from tasks.envs import get_env
-
     env, g = get_env(settings.env.name), settings.grpo
     n_guard = round(g.tasks_per_step * g.guard_share)
     seed = 1_000_000 + g.seed * 10_000 + step
@@ -175,7 +174,8 @@ def grpo_loop(config: dict) -> None:
                 report_kwargs["checkpoint"] = ray.train.Checkpoint.from_directory(str(path))
         ray.train.report(m, **report_kwargs)
     if rank == 0:
-        save_model(getattr(model, "module", model), tokenizer, run_dir / "model")
+        save_model(getattr(model, "module", model), tokenizer, run_dir / "model",
+                   registry=get_env(settings.env.name).load_registry(settings.env.target_registry))
         if not config.get("actors"):
             pool.shutdown()
 

@@ -1,0 +1,1 @@
+"""Production signals: drift statistics over streamed trace windows."""

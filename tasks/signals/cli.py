@@ -1,0 +1,110 @@
+"""The signals commands of `python -m tasks` (ingest, drift, tooldiff, simulate); each prints one JSON line.
+
+    python -m tasks ingest --input PATH --output DIR [--window 2026-12-01/2026-12-02]
+    python -m tasks drift --reference REF --current CUR [--reference-window W] [--current-window W] [--out FILE]
+    python -m tasks tooldiff OLD NEW            # registry files, s3:// objects, OpenAPI documents, or versions 1, 2
+    python -m tasks simulate --out DIR --start 2026-11-20 --end 2026-11-24 --traces 2000 --change-at 2026-11-22
+
+REF and CUR are ingest outputs (a directory with stats.json) or trace inputs, which are then ingested
+first (into DIR/ingest_reference and DIR/ingest_current beside --out, else a temporary directory).
+Exit status: 0, or 1 when a window fails validation (its summary is still printed), 2 on bad arguments.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+
+
+def add_parsers(sub) -> None:
+    p = sub.add_parser("ingest", help="validate a window of production traces; quarantine bad rows")
+    p.add_argument("--input", required=True, help="a JSONL(.gz) file, a directory or an s3:// prefix")
+    p.add_argument("--output", required=True)
+    p.add_argument("--window", help="START/END (RFC 3339 or dates) or one date; default: everything")
+    p = sub.add_parser("drift", help="drift tests between a reference and a current window")
+    p.add_argument("--reference", required=True)
+    p.add_argument("--current", required=True)
+    p.add_argument("--reference-window")
+    p.add_argument("--current-window")
+    p.add_argument("--out", help="also write the report (JSON) here")
+    p = sub.add_parser("tooldiff", help="breaking and non-breaking changes between two tool registries")
+    p.add_argument("old")
+    p.add_argument("new")
+    p = sub.add_parser("simulate", help="write simulated production traces with a tool change at a known time")
+    p.add_argument("--out", required=True)
+    p.add_argument("--start", required=True)
+    p.add_argument("--end", required=True)
+    p.add_argument("--traces", type=int, default=2000)
+    p.add_argument("--change-at", help="when production switches from --from-registry to --to-registry")
+    p.add_argument("--from-registry", default="1")
+    p.add_argument("--to-registry", default="2")
+    p.add_argument("--policy", default="scripted", help="'scripted' or a model directory (episodes through vLLM)")
+    p.add_argument("--malformed-share", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=0)
+
+
+COMMANDS = ("ingest", "drift", "tooldiff", "simulate")
+
+
+def run(args, settings) -> int:
+    from tasks.data.validation import BatchValidationError
+    from tasks.signals.ingest import Window
+
+    try:
+        if args.command == "ingest":
+            from tasks.signals.ingest import ingest
+
+            print(json.dumps(ingest(args.input, args.output, settings.ingest, Window.parse(args.window))))
+        elif args.command == "drift":
+            print(json.dumps(_drift(args, settings)))
+        elif args.command == "tooldiff":
+            from tasks.signals.tools import diff_registries, load_registry
+
+            print(json.dumps(diff_registries(load_registry(args.old), load_registry(args.new)).to_dict()))
+        elif args.command == "simulate":
+            from tasks.signals.simulate import simulate_traces
+
+            start, end = Window.parse(f"{args.start}/{args.end}").start, Window.parse(f"{args.start}/{args.end}").end
+            schedule = [(start, args.from_registry)]
+            if args.change_at:
+                schedule.append((Window.parse(f"{args.change_at}/").start, args.to_registry))
+            print(json.dumps(simulate_traces(args.out, start, end, args.traces, schedule, policy=args.policy,
+                                             settings=settings, malformed_share=args.malformed_share, seed=args.seed)))
+    except BatchValidationError as e:
+        summary = getattr(e, "summary", None)
+        if summary:
+            print(json.dumps(summary))
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def load_window_stats(source: str, window: str | None, settings, work_dir: Path):
+    """WindowStats of an ingest output directory, or of a trace input ingested into `work_dir` first."""
+    from tasks.signals.drift import WindowStats
+    from tasks.signals.ingest import Window, ingest
+
+    stats_path = Path(source) / "stats.json"
+    if not stats_path.exists():
+        ingest(source, work_dir, settings.ingest, Window.parse(window), docs=False)
+        stats_path = work_dir / "stats.json"
+    return WindowStats.from_dict(json.loads(stats_path.read_text()))
+
+
+def _drift(args, settings) -> dict:
+    from tasks.signals.drift import compare
+
+    base = Path(args.out).parent if args.out else Path(tempfile.mkdtemp(prefix="evergreen-drift-"))
+    reference = load_window_stats(args.reference, args.reference_window, settings, base / "ingest_reference")
+    current = load_window_stats(args.current, args.current_window, settings, base / "ingest_current")
+    report = compare(reference, current, settings.drift).to_dict()
+    report["computed_at"] = datetime.now(timezone.utc).isoformat()
+    if args.out:
+        Path(args.out).write_text(json.dumps(report, indent=1))
+    return report

@@ -1,0 +1,195 @@
+"""A production simulator: traces from an environment and a policy, with a tool change at a known time.
+
+    from tasks.signals.simulate import simulate_traces
+    simulate_traces("runs/sim", start, end, n_traces=2000, schedule=[(start, "1"), (change_at, "2")],
+                    policy="runs/local/champion")           # a model directory: episodes through vLLM
+    simulate_traces(..., policy="scripted")                 # a rule-based agent: fast, no model needed
+
+`schedule` says which tool registry production serves from when on: the registry changes at a known
+time, which is what drift and tool-change detection must find. Traces are written date-partitioned as
+`DIR/date=YYYY-MM-DD/traces-00000.jsonl.gz` in the trace contract (include/schemas/trace.schema.json),
+and a share `malformed_share` of the lines is replaced by one of MALFORMED_KINDS, listed in
+DIR/manifest.json with the expected number of each, so that tests can reconcile ingestion exactly.
+
+The scripted policy is the champion's habits without the model: it calls the offered tool with
+arguments in any of the formats the lenient v1 service accepted (desk.demonstration), and answers with
+the tool's result, or gives up after an error. Against the strict v2 service its success drops.
+"""
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import logging
+import random
+from collections import Counter
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+from tasks.envs import desk, get_env, new_episode
+from tasks.envs.base import Episode, parse_tool_calls
+from tasks.policy.tokenizer import CharTokenizer
+
+log = logging.getLogger(__name__)
+SLIP_RATE = 0.08  # the scripted agent gives up this often even after a good tool result (production is never perfect)
+MALFORMED_KINDS = ("broken_json", "missing_field", "wrong_type", "negative_tokens", "future_timestamp",
+                   "duplicate_trace_id", "non_utf8")
+
+
+def registry_at(schedule: list[tuple[datetime, str]], when: datetime) -> str:
+    """The registry version production served at `when` (the last schedule entry at or before it)."""
+    current = schedule[0][1]
+    for since, version in sorted(schedule):
+        if since <= when:
+            current = version
+    return current
+
+
+def episode_to_trace(ep: Episode, trace_id: str, when: datetime, model_version: str, rng: random.Random) -> dict:
+    """An episode in the trace contract: OpenAI chat messages with tool_calls and tool_call_id."""
+    messages = [{"role": "system", "content": ep.messages[0]["content"]},
+                {"role": "user", "content": ep.messages[1]["content"]}]
+    tool_errors = n_call = 0
+    pending: list[str] = []
+    for m in ep.messages[2:]:
+        if m["role"] == "assistant":
+            calls = [c for c in parse_tool_calls(m["content"]) if not c.error]
+            msg: dict = {"role": "assistant", "content": None if calls else m["content"]}
+            if calls:
+                pending = []
+                msg["tool_calls"] = []
+                for c in calls:
+                    n_call += 1
+                    pending.append(f"call_{n_call}")
+                    msg["tool_calls"].append({"id": pending[-1], "type": "function", "function": {
+                        "name": c.name, "arguments": json.dumps(c.arguments)}})
+            messages.append(msg)
+        else:  # one environment tool message answers every call of the turn, one result per line
+            results = m["content"].split("\n")
+            if pending and len(results) == len(pending):
+                for call_id, result in zip(pending, results):
+                    messages.append({"role": "tool", "tool_call_id": call_id, "content": result})
+                    tool_errors += result.startswith("error")
+            else:  # the turn's call could not be parsed: the error goes back without a call id
+                messages.append({"role": "tool", "content": m["content"]})
+            pending = []
+    score = ep.score()
+    prompt_tokens = ep.loss_mask.index(1) if 1 in ep.loss_mask else len(ep.token_ids)
+    return {
+        "trace_id": trace_id, "timestamp": when.isoformat().replace("+00:00", "Z"), "workload": ep.task.family,
+        "model": {"name": "evergreen-agent", "version": model_version},
+        "tools": [{"type": t["type"], "function": t["function"]} for t in ep.task.tools],
+        "messages": messages,
+        "outcome": {"success": score["success"], "reward": score["reward"], "tool_errors": tool_errors,
+                    "latency_ms": round(40 + 2.5 * ep.completion_tokens + rng.expovariate(1 / 30), 1),
+                    "prompt_tokens": prompt_tokens, "completion_tokens": ep.completion_tokens},
+        "registry_version": ep.task.service.get("registry_version"),
+    }
+
+
+def _run_scripted(episodes: list[Episode], tokenizer: CharTokenizer, seed: int) -> None:
+    """Turn 1: the demonstration's call (any v1-accepted format). Turn 2: the result, or give up."""
+    for i, ep in enumerate(episodes):
+        rng = random.Random(seed * 1_000_003 + i)
+        call_text, _ = desk.demonstration(ep.task, rng)
+        ep.add_completion(tokenizer.encode(call_text) + [tokenizer.eos_id])
+        if ep.done:
+            continue
+        result = ep.messages[-1]["content"]
+        gave_up = result.startswith("error") or rng.random() < SLIP_RATE
+        answer = "I could not get an answer from the tool." if gave_up else result
+        ep.add_completion(tokenizer.encode(answer, specials=False) + [tokenizer.eos_id])
+
+
+def _run_model(episodes: list[Episode], model_dir: str, settings, seed: int) -> None:
+    from tasks.policy.backends import Sampling, VLLMBackend
+
+    backend = VLLMBackend(model_dir, max_len=settings.model.max_len, kv_cache_mb=settings.rollout.kv_cache_mb, seed=seed)
+    backend.run_episodes(episodes, Sampling(temperature=settings.rollout.temperature, seed=seed))
+
+
+def _malform(kind: str, line: bytes, previous: bytes | None, now: datetime) -> bytes:
+    trace = json.loads(line)
+    if kind == "broken_json":
+        return line[: len(line) // 2]
+    if kind == "missing_field":
+        trace.pop("outcome")
+    elif kind == "wrong_type":
+        trace["outcome"]["prompt_tokens"] = str(trace["outcome"]["prompt_tokens"])
+    elif kind == "negative_tokens":
+        trace["outcome"]["completion_tokens"] = -1
+    elif kind == "future_timestamp":
+        trace["timestamp"] = (now + timedelta(days=30)).isoformat()
+    elif kind == "duplicate_trace_id":
+        return previous if previous is not None else line
+    elif kind == "non_utf8":
+        return line.replace(b'"workload"', b'"work\xffload"', 1)
+    return json.dumps(trace).encode()
+
+
+def simulate_traces(out_dir: str | Path, start: datetime, end: datetime, n_traces: int,
+                    schedule: list[tuple[datetime, str]], policy: str = "scripted", settings=None,
+                    malformed_share: float = 0.0, seed: int = 0, model_version: str = "champion") -> dict:
+    """Write `n_traces` lines between start and end; returns (and writes) the manifest."""
+    if not schedule:
+        raise ValueError("schedule is empty: give at least [(start, registry_version)]")
+    if policy != "scripted" and settings is None:
+        raise ValueError("a model policy needs settings (engine limits and sampling temperature)")
+    rng = random.Random(seed)
+    span = (end - start).total_seconds()
+    times = sorted(start + timedelta(seconds=rng.uniform(0, span)) for _ in range(n_traces))
+    versions = [registry_at(schedule, t) for t in times]
+    tokenizer = CharTokenizer.load(policy) if policy != "scripted" else CharTokenizer()
+    limits = {"max_turns": 4, "max_tokens_per_turn": 96, "max_len": 512}
+    if settings is not None:
+        limits = {"max_turns": settings.env.max_turns, "max_tokens_per_turn": settings.env.max_tokens_per_turn,
+                  "max_len": settings.model.max_len}
+    episodes: list[Episode] = [None] * n_traces  # type: ignore[list-item]
+    for version in sorted(set(versions)):
+        idx = [i for i, v in enumerate(versions) if v == version]
+        tasks = get_env("desk").generate_tasks(len(idx), seed * 7919 + int(version), desk.load_registry(version))
+        for i, task in zip(idx, tasks):
+            task.service["registry_version"] = version
+            episodes[i] = new_episode(task, tokenizer, **limits)
+    log.info("simulating %d traces %s .. %s with policy %s", n_traces, start.isoformat(), end.isoformat(), policy)
+    if policy == "scripted":
+        _run_scripted(episodes, tokenizer, seed)
+    else:
+        _run_model(episodes, policy, settings, seed)
+
+    out = Path(out_dir)
+    files: dict[str, gzip.GzipFile] = {}
+    malformed: Counter = Counter()
+    now = datetime.now(timezone.utc)
+    previous = None
+    try:
+        for i, (ep, when) in enumerate(zip(episodes, times)):
+            trace_id = hashlib.sha1(f"{seed}-{i}".encode()).hexdigest()[:20]
+            line = json.dumps(episode_to_trace(ep, trace_id, when, model_version, rng)).encode()
+            if malformed_share and rng.random() < malformed_share:
+                kind = rng.choice(MALFORMED_KINDS)
+                if kind == "duplicate_trace_id" and previous is None:
+                    kind = "broken_json"
+                line = _malform(kind, line, previous, now)
+                malformed[kind] += 1
+            else:
+                previous = line
+            day = when.strftime("%Y-%m-%d")
+            if day not in files:
+                path = out / f"date={day}" / "traces-00000.jsonl.gz"
+                path.parent.mkdir(parents=True, exist_ok=True)
+                files[day] = gzip.open(path, "wb", compresslevel=1)
+            files[day].write(line + b"\n")
+    finally:
+        for f in files.values():
+            f.close()
+    successes = Counter((v, ep.score()["success"]) for v, ep in zip(versions, episodes))
+    manifest = {"traces": n_traces, "start": start.isoformat(), "end": end.isoformat(), "policy": policy,
+                "schedule": [[t.isoformat(), v] for t, v in sorted(schedule)], "malformed": dict(malformed),
+                "valid": n_traces - sum(malformed.values()),
+                "success_rate": {v: successes[(v, True)] / max(1, versions.count(v)) for v in sorted(set(versions))},
+                "days": sorted(files)}
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    log.info("simulated %d traces into %s (%d malformed): success by registry %s", n_traces, out,
+             sum(malformed.values()), manifest["success_rate"])
+    return manifest
