@@ -4,6 +4,7 @@
     storage.list_files("s3://bucket/traces/")          # sorted URIs of the objects under a prefix
     with storage.open_binary("s3://bucket/traces/2026-12-01/part-0.jsonl.gz") as f: ...   # streamed
     storage.write_bytes("runs/x/report.json", data)     # atomic: temporary name, then rename
+    storage.read_bytes("http://tools.internal/openapi.json")   # http(s) is read-only
 
 The S3 endpoint comes from `EVERGREEN_S3_ENDPOINT_URL`, else boto3's own `AWS_ENDPOINT_URL_S3` /
 `AWS_ENDPOINT_URL`, else AWS. Credentials come from boto3's usual chain and are never logged: error
@@ -20,6 +21,11 @@ from typing import BinaryIO, Iterator
 
 def is_s3(uri: str | Path) -> bool:
     return str(uri).startswith("s3://")
+
+
+def is_http(uri: str | Path) -> bool:
+    """http(s):// sources are read-only here (e.g. a tool service's OpenAPI document)."""
+    return str(uri).startswith(("http://", "https://"))
 
 
 def split_s3(uri: str) -> tuple[str, str]:
@@ -70,6 +76,13 @@ def open_binary(uri: str | Path) -> BinaryIO:
             return s3_client().get_object(Bucket=bucket, Key=key)["Body"]
         except Exception as e:  # botocore's ClientError carries no credentials; re-raise with the object name
             raise FileNotFoundError(f"cannot read s3://{bucket}/{key}: {e}") from None
+    if is_http(uri):
+        import urllib.request
+
+        try:
+            return urllib.request.urlopen(uri, timeout=30)
+        except OSError as e:
+            raise FileNotFoundError(f"cannot read {uri}: {e}") from None
     return open(uri, "rb")
 
 

@@ -2,6 +2,7 @@
 
     python -m tasks ingest --input PATH --output DIR [--window 2026-12-01/2026-12-02]
     python -m tasks drift --reference REF --current CUR [--reference-window W] [--current-window W] [--out FILE]
+    python -m tasks drift --current TRACES --current-window 2026-12-01 --reference-days 7
     python -m tasks tooldiff OLD NEW            # registry files, s3:// objects, OpenAPI documents, or versions 1, 2
     python -m tasks simulate --out DIR --start 2026-11-20 --end 2026-11-24 --traces 2000 --change-at 2026-11-22
 
@@ -25,10 +26,12 @@ def add_parsers(sub) -> None:
     p.add_argument("--output", required=True)
     p.add_argument("--window", help="START/END (RFC 3339 or dates) or one date; default: everything")
     p = sub.add_parser("drift", help="drift tests between a reference and a current window")
-    p.add_argument("--reference", required=True)
+    p.add_argument("--reference", help="default: --current (with --reference-days)")
     p.add_argument("--current", required=True)
     p.add_argument("--reference-window")
     p.add_argument("--current-window")
+    p.add_argument("--reference-days", type=int,
+                   help="reference = the N days before the current window's start (same input if --reference is omitted)")
     p.add_argument("--out", help="also write the report (JSON) here")
     p = sub.add_parser("tooldiff", help="breaking and non-breaking changes between two tool registries")
     p.add_argument("old")
@@ -100,6 +103,19 @@ def load_window_stats(source: str, window: str | None, settings, work_dir: Path)
 def _drift(args, settings) -> dict:
     from tasks.signals.drift import compare
 
+    from datetime import timedelta
+
+    from tasks.signals.ingest import Window
+
+    if args.reference_days:
+        current = Window.parse(args.current_window)
+        if current.start is None:
+            raise ValueError("--reference-days needs a --current-window with a start")
+        args.reference_window = str(Window(current.start - timedelta(days=args.reference_days), current.start))
+    if not args.reference:
+        if not args.reference_days:
+            raise ValueError("give --reference, or --reference-days N to compare with the N days before --current-window")
+        args.reference = args.current
     base = Path(args.out).parent if args.out else Path(tempfile.mkdtemp(prefix="evergreen-drift-"))
     reference = load_window_stats(args.reference, args.reference_window, settings, base / "ingest_reference")
     current = load_window_stats(args.current, args.current_window, settings, base / "ingest_current")

@@ -69,13 +69,14 @@ _REGISTRY_SHAPE = "expected {version, tools:[...]} or an OpenAPI document"
 
 def load_registry(source: str | Path | dict | list) -> dict:
     """A validated registry `{"version", "tools": [...]}` from a dict, a bare list of tools, a local
-    JSON/YAML file, an s3:// object, an OpenAPI 3.x document, or a shipped version ("1", "2", "v2")."""
+    JSON/YAML file, an s3:// object, an http(s):// URL (e.g. the tool service's /openapi.json), an OpenAPI
+    3.x document, or a shipped version ("1", "2", "v2")."""
     if isinstance(source, list):  # e.g. the `tools` offered in a production trace
         return _as_registry({"version": None, "tools": source}, "(list of tools)")
     if isinstance(source, dict):
         return _as_registry(source, "(in-memory document)")
     label = str(source)
-    if storage.is_s3(label) or Path(label).is_file():
+    if storage.is_s3(label) or storage.is_http(label) or Path(label).is_file():
         return _as_registry(_parse(storage.read_bytes(label), label), label)
     if Path(label).is_dir():
         raise IsADirectoryError(f"registry {label}: is a directory; pass the registry file, "

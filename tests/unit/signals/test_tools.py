@@ -319,3 +319,31 @@ def test_summary_lists_breaking_changes_first():
     only_docs = copy.deepcopy(BASE)
     F(only_docs, "search")["description"] = "Changed."
     assert diff_registries(BASE, only_docs).summary == "1 non-breaking change: search: description changed"
+
+
+def test_openapi_document_served_by_the_tool_service_over_http():
+    """The registry can be the tool service's own /openapi.json (a real HTTP server on loopback)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    body = json.dumps(OPENAPI).encode()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):
+            found = self.path == "/openapi.json"
+            self.send_response(200 if found else 404)
+            self.end_headers()
+            self.wfile.write(body if found else b"not found")
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}"
+        assert load_registry(f"{url}/openapi.json") == load_registry(OPENAPI)
+        with pytest.raises(FileNotFoundError, match="404"):
+            load_registry(f"{url}/missing.json")
+    finally:
+        server.shutdown()
