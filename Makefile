@@ -34,6 +34,7 @@ demo: venv
 
 bench: venv
 	$(VENV)/bin/python bench/rl_step.py --quick
+	$(VENV)/bin/python bench/signals.py --quick
 
 clean:
 	rm -rf runs .pytest_cache

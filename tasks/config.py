@@ -119,6 +119,7 @@ class DriftSettings(_Section):
     min_tool_error_diff: float = Field(0.05, gt=0, lt=1, description="smallest tool-error-rate change (absolute) that must be detected")
     min_ks: float = Field(0.1, gt=0, lt=1, description="smallest KS distance (prompt tokens, turns, tool calls) that must be detected")
     min_psi: float = Field(0.1, gt=0, description="smallest population-stability index of the tool-name mix that must be detected")
+    reference_days: int = Field(7, ge=1, description="the reference window: this many days before the current one")
 
 
 class RaySettings(_Section):

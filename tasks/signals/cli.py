@@ -3,6 +3,7 @@
     python -m tasks ingest --input PATH --output DIR [--window 2026-12-01/2026-12-02]
     python -m tasks drift --reference REF --current CUR [--reference-window W] [--current-window W] [--out FILE]
     python -m tasks drift --current TRACES --current-window 2026-12-01 --reference-days 7
+    python -m tasks monitor --input PATH --window 2026-12-01 --champion DIR --registry SRC --output DIR
     python -m tasks tooldiff OLD NEW            # registry files, s3:// objects, OpenAPI documents, or versions 1, 2
     python -m tasks simulate --out DIR --start 2026-11-20 --end 2026-11-24 --traces 2000 --change-at 2026-11-22
 
@@ -33,6 +34,13 @@ def add_parsers(sub) -> None:
     p.add_argument("--reference-days", type=int,
                    help="reference = the N days before the current window's start (same input if --reference is omitted)")
     p.add_argument("--out", help="also write the report (JSON) here")
+    p = sub.add_parser("monitor", help="ingest a window, drift against the days before it, diff the tool registry")
+    p.add_argument("--input", required=True)
+    p.add_argument("--window", required=True, help="the current window (START/END or a date)")
+    p.add_argument("--output", required=True)
+    p.add_argument("--champion", help="model directory (or s3:// prefix) holding tool_registry.json")
+    p.add_argument("--registry", help="the registry in production now: file, s3://, http(s):// OpenAPI, or version")
+    p.add_argument("--reference", help="reference input or ingest output (default: the days before, same input)")
     p = sub.add_parser("tooldiff", help="breaking and non-breaking changes between two tool registries")
     p.add_argument("old")
     p.add_argument("new")
@@ -49,7 +57,7 @@ def add_parsers(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
 
 
-COMMANDS = ("ingest", "drift", "tooldiff", "simulate")
+COMMANDS = ("ingest", "drift", "tooldiff", "simulate", "monitor")
 
 
 def run(args, settings) -> int:
@@ -63,6 +71,11 @@ def run(args, settings) -> int:
             print(json.dumps(ingest(args.input, args.output, settings.ingest, Window.parse(args.window))))
         elif args.command == "drift":
             print(json.dumps(_drift(args, settings)))
+        elif args.command == "monitor":
+            from tasks.signals.monitor import check_production
+
+            print(json.dumps(check_production(settings, args.input, args.output, Window.parse(args.window),
+                                              champion=args.champion, registry=args.registry, reference=args.reference)))
         elif args.command == "tooldiff":
             from tasks.signals.tools import diff_registries, load_registry
 

@@ -1,0 +1,74 @@
+"""The drift monitor's one call: ingest a window, test drift against a reference, diff the tool registry.
+
+    from tasks.signals.monitor import check_production
+    verdict = check_production(settings, "s3://bucket/traces/", "runs/x/monitor", Window.parse("2026-12-01"),
+                               champion="runs/local/champion", registry="http://tools/openapi.json")
+    verdict["retrain"], verdict["reasons"]      # what a retraining trigger carries
+    # or: python -m tasks monitor --input PATH --window 2026-12-01 --champion DIR --registry SRC --output DIR
+
+The reference window is the `drift.reference_days` days before the current one (same input), unless
+`reference` names another input or an ingest output. Retraining is requested when any drift test
+fires or the registry in production has a breaking change against the one the champion was trained
+for. Everything lands under OUTPUT: current/ and reference/ (ingest outputs with quarantine and GX
+data docs), drift_report.json, tooldiff.json and signals.json (this function's result).
+"""
+from __future__ import annotations
+
+import json
+import logging
+from datetime import timedelta
+from pathlib import Path
+
+from tasks import storage
+from tasks.signals.drift import WindowStats, compare
+from tasks.signals.ingest import Window, ingest
+
+log = logging.getLogger(__name__)
+
+
+def _window_stats(source, out: Path, settings, window: Window) -> tuple[WindowStats, dict]:
+    if (Path(str(source)) / "stats.json").exists():  # an ingest output already
+        stats_dir = Path(str(source))
+        summary = json.loads((stats_dir / "summary.json").read_text()) if (stats_dir / "summary.json").exists() else {}
+    else:
+        summary = ingest(source, out, settings.ingest, window)
+        stats_dir = out
+    return WindowStats.from_dict(json.loads((stats_dir / "stats.json").read_text())), summary
+
+
+def check_production(settings, source, output_dir, window: Window, champion: str | Path | None = None,
+                     registry=None, reference=None) -> dict:
+    """Ingest + drift + tool diff for one window; returns (and writes) the verdict with its reasons."""
+    out = Path(output_dir)
+    if window.start is None and reference is None:
+        raise ValueError("the current window needs a start (the reference is the days before it), "
+                         "or pass an explicit reference")
+    ref_window = Window(window.start - timedelta(days=settings.drift.reference_days), window.start) \
+        if window.start else Window()
+    current, current_summary = _window_stats(source, out / "current", settings, window)
+    ref, ref_summary = _window_stats(reference or source, out / "reference", settings, ref_window)
+    report = compare(ref, current, settings.drift)
+    storage.write_bytes(out / "drift_report.json", json.dumps(report.to_dict(), indent=1).encode())
+    reasons = list(report.reasons)
+    diff = None
+    if champion is not None and registry is not None:
+        from tasks.signals.tools import diff_registries, load_registry, registry_of_model
+
+        diff = diff_registries(registry_of_model(champion), load_registry(registry))
+        storage.write_bytes(out / "tooldiff.json", json.dumps(diff.to_dict(), indent=1).encode())
+        if diff.breaking:
+            reasons.insert(0, f"tool change: {diff.summary}")
+    verdict = {
+        "retrain": bool(report.drifted or (diff is not None and diff.breaking)),
+        "reasons": reasons, "summary": "; ".join(reasons[:3]) or "no drift, no breaking tool change",
+        "window": str(window), "reference_window": str(ref_window) if reference is None else str(reference),
+        "drifted": report.drifted, "tool_change_breaking": bool(diff and diff.breaking),
+        "registry_hash": diff.new_hash if diff else None,
+        "rows": {"current": current_summary.get("rows_accepted"), "reference": ref_summary.get("rows_accepted")},
+        "artifacts": {"drift_report": str(out / "drift_report.json"),
+                      "tooldiff": str(out / "tooldiff.json") if diff else None,
+                      "data_docs": current_summary.get("data_docs")},
+    }
+    storage.write_bytes(out / "signals.json", json.dumps(verdict, indent=1).encode())
+    log.info("monitor %s: retrain=%s (%s)", window, verdict["retrain"], verdict["summary"])
+    return verdict
