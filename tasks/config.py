@@ -122,6 +122,11 @@ class DriftSettings(_Section):
     reference_days: int = Field(7, ge=1, description="the reference window: this many days before the current one")
 
 
+
+class SimulateSettings(_Section):
+    traces: int = Field(1500, ge=10, description="simulated production traces of the demo (two days, the tool change between)")
+    malformed_share: float = Field(0.02, ge=0, lt=1, description="share of simulated lines made malformed (quarantine path)")
+
 class RaySettings(_Section):
     address: str | None = Field(None, description="existing cluster address; None starts a local one in-process")
     num_cpus: int | None = Field(None, ge=1, description="logical CPUs of a local cluster (None: all cores)")
@@ -137,6 +142,7 @@ class Settings(_Section):
     eval: EvalSettings = EvalSettings()
     ingest: IngestSettings = IngestSettings()
     drift: DriftSettings = DriftSettings()
+    simulate: SimulateSettings = SimulateSettings()
     ray: RaySettings = RaySettings()
 
     @field_validator("run_dir")

@@ -57,6 +57,28 @@ def _fmt(ci: dict) -> str:
     return f"{100 * ci['mean']:5.1f}% [{100 * ci['low']:5.1f}, {100 * ci['high']:5.1f}]"
 
 
+def production_signals(settings, champion_dir: Path, out_dir: Path) -> dict:
+    """The demo's production: two past days of champion traffic (through vLLM), the tool registry
+    switching from the champion's to the target at midnight between them; then the monitor's verdict
+    on the second day against the first."""
+    from datetime import datetime, timedelta, timezone
+
+    from tasks.signals.ingest import Window
+    from tasks.signals.monitor import check_production
+    from tasks.signals.simulate import simulate_traces
+
+    today = datetime.now(timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
+    day1, day2 = today - timedelta(days=2), today - timedelta(days=1)
+    schedule = [(day1, settings.env.champion_registry), (day2, settings.env.target_registry)]
+    manifest = simulate_traces(out_dir / "traces", day1, today, settings.simulate.traces, schedule,
+                               policy=str(champion_dir), settings=settings,
+                               malformed_share=settings.simulate.malformed_share, seed=settings.grpo.seed)
+    one_day = settings.model_copy(update={"drift": settings.drift.model_copy(update={"reference_days": 1})})
+    verdict = check_production(one_day, out_dir / "traces", out_dir / "monitor", Window(day2, today),
+                               champion=champion_dir, registry=settings.env.target_registry)
+    return {"manifest": manifest, "verdict": verdict}
+
+
 def run_demo(settings, fresh: bool = True) -> dict:
     import ray
     from safetensors.torch import load_file
@@ -78,6 +100,9 @@ def run_demo(settings, fresh: bool = True) -> dict:
     t0 = time.time()
     boot = bootstrap_champion(settings, champ_dir) if not (champ_dir / "config.json").exists() else {"model_dir": str(champ_dir)}
     timings["bootstrap_s"] = time.time() - t0
+    t0 = time.time()
+    signals = production_signals(settings, champ_dir, run_dir / "signals")
+    timings["signals_s"] = time.time() - t0
 
     owns_ray = not ray.is_initialized()  # a caller's cluster (tests, Airflow) is left running
     connect(settings)
@@ -112,7 +137,8 @@ def run_demo(settings, fresh: bool = True) -> dict:
     for reg in regs:
         for name, res in (("champion", champion[reg]), ("challenger", challenger[reg])):
             (run_dir / f"eval_{name}_v{reg}.jsonl").write_text("\n".join(json.dumps(r) for r in res.table) + "\n")
-    summary = {"run_dir": str(run_dir), "bootstrap": boot, "sampled": comparisons, "greedy": greedy,
+    summary = {"run_dir": str(run_dir), "bootstrap": boot, "signals": signals["verdict"],
+               "sampled": comparisons, "greedy": greedy,
                "timings": timings, "wall_s": time.time() - t_start,
                "grpo_metrics": [json.loads(l) for l in (run_dir / "grpo" / "metrics.jsonl").read_text().splitlines()]}
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -125,6 +151,10 @@ def print_summary(summary: dict, settings) -> None:
     lines = ["", "=" * 78, "Evergreen demo: champion (SFT on registry v%s) vs challenger (GRPO on v%s)" % (champ, tgt),
              f"success per task, mean of {settings.eval.samples} samples at T={settings.rollout.temperature}, "
              f"{settings.eval.num_tasks} held-out tasks, {int(100 * settings.eval.confidence)}% paired-bootstrap intervals", ""]
+    sig = summary.get("signals")
+    if sig:
+        lines += [f"  production signals ({sig['window']}): retrain={sig['retrain']}"]
+        lines += [f"    - {r[:110]}" for r in sig["reasons"][:4]] + [""]
     for label, key in (("sampled", "sampled"), ("greedy", "greedy")):
         for reg in (tgt, champ):
             c = summary[key][reg]
@@ -132,9 +162,10 @@ def print_summary(summary: dict, settings) -> None:
                          f"  diff {100 * c['difference']['mean']:+5.1f} pts [{100 * c['difference']['low']:+5.1f}, "
                          f"{100 * c['difference']['high']:+5.1f}]")
     t = summary["timings"]
-    lines += ["", "  wall %.0fs: bootstrap %.0fs, engines %.0fs, eval %.0fs + %.0fs, GRPO %.0fs (%d steps)" % (
-        summary["wall_s"], t.get("bootstrap_s", 0), t.get("engines_s", 0), t.get("eval_champion_s", 0),
+    lines += ["", "  wall %.0fs: bootstrap %.0fs, signals %.0fs, engines %.0fs, eval %.0fs + %.0fs, GRPO %.0fs (%d steps)" % (
+        summary["wall_s"], t.get("bootstrap_s", 0), t.get("signals_s", 0), t.get("engines_s", 0), t.get("eval_champion_s", 0),
         t.get("eval_challenger_s", 0), t.get("grpo_s", 0), len(summary["grpo_metrics"])),
-        f"  artifacts: {summary['run_dir']} (summary.json, eval tables, grpo/metrics.jsonl, grpo/rollouts, checkpoints)",
+        f"  artifacts: {summary['run_dir']} (summary.json, signals/ (traces, quarantine, GX data docs, drift report),",
+        "             eval tables, grpo/metrics.jsonl, grpo/rollouts, checkpoints)",
         "=" * 78]
     print("\n".join(lines), flush=True)

@@ -190,9 +190,13 @@ def _pair(kwargs: dict) -> str | None:
 
 
 def _plain(v):
-    """Numpy scalars and sets -> JSON-serialisable values."""
+    """Numpy scalars, tuples and sets, at any depth -> JSON-serialisable values."""
+    if isinstance(v, dict):
+        return {str(k): _plain(x) for k, x in v.items()}
+    if isinstance(v, set):
+        return sorted(_plain(x) for x in v)
+    if isinstance(v, (list, tuple)):
+        return [_plain(x) for x in v]
     if hasattr(v, "item"):
         return v.item()
-    if isinstance(v, (set, tuple)):
-        return sorted(v) if isinstance(v, set) else list(v)
     return v

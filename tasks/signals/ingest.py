@@ -23,7 +23,8 @@ line is either accepted or quarantined: rows_read == rows_accepted + rows_quaran
 
 Output under DIR: accepted/part-00000.jsonl (the accepted lines, byte for byte), quarantine/part-00000.jsonl
 (`{"source", "line", "reason", "raw" | "raw_base64"}`), stats.json (drift statistics of the accepted
-rows), validation.json (every expectation with observed values), gx_docs/ (GX data docs), summary.json.
+rows), validation.json (every chunk's and the window's expectations with observed values), gx_docs/
+(GX data docs: the window suites and the first five chunks, each rendering costs ~0.3 s), summary.json.
 """
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ import json
 import logging
 import re
 import time
+import zlib
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta, timezone
 from pathlib import Path
@@ -116,9 +118,25 @@ def iter_file_lines(uri: str) -> Iterator[bytes]:
     try:
         if uri.endswith(".gz"):
             stream = gzip.GzipFile(fileobj=stream)
-        yield from storage.iter_lines(stream)
+        lines = storage.iter_lines(stream)
+        first = next(lines, None)
+        if first is not None:
+            yield first[3:] if first.startswith(b"\xef\xbb\xbf") else first  # a BOM from Windows tools
+        yield from lines
     finally:
         stream.close()
+
+
+def _numbered_lines(uri: str) -> Iterator[tuple[int, bytes]]:
+    """(line number, line); a file that cannot be read to its end (truncated gzip, I/O error) stops the
+    window with the file and the line reached: its remaining rows cannot be accounted for."""
+    line_no = 0
+    try:
+        for line_no, raw in enumerate(iter_file_lines(uri), start=1):
+            yield line_no, raw
+    except (EOFError, OSError, zlib.error) as e:
+        raise IngestError(f"{uri}: unreadable after line {line_no} ({type(e).__name__}: {e}); "
+                          "repair or remove the file and ingest the window again") from None
 
 
 # ---- one row ------------------------------------------------------------------------------------------
@@ -167,6 +185,24 @@ def _schema_errors(schema, trace: dict, limit: int = 3) -> list[str]:
     return out
 
 
+_LEAP = re.compile(r"(T\d\d:\d\d:)60")
+
+
+def rfc3339_seconds(text: str) -> float:
+    """Epoch seconds of an RFC 3339 time: any case of T/Z; a leap second (:60) is the next second."""
+    upper = text.upper()
+    try:
+        when = datetime.fromisoformat(upper)
+        leap = 0
+    except ValueError:
+        if not _LEAP.search(upper):
+            raise
+        when, leap = datetime.fromisoformat(_LEAP.sub(r"\g<1>59", upper, count=1)), 1
+    if when.tzinfo is None:
+        raise ValueError(f"timestamp {text!r} has no time zone")
+    return when.timestamp() + leap
+
+
 def flatten(trace: dict) -> tuple:
     """The row GX validates (FLAT_COLUMNS order) plus drift features: (flat, tool_names, turns, success)."""
     outcome = trace["outcome"]
@@ -181,10 +217,7 @@ def flatten(trace: dict) -> tuple:
                 names.append(call["function"]["name"])
         elif role == "user":
             users += 1
-    when = datetime.fromisoformat(trace["timestamp"])
-    if when.tzinfo is None:
-        raise ValueError(f"timestamp {trace['timestamp']!r} has no time zone")
-    ts = when.timestamp()
+    ts = rfc3339_seconds(trace["timestamp"])
     flat = (trace["trace_id"], trace["workload"], ts, outcome["prompt_tokens"], outcome["completion_tokens"],
             outcome["tool_errors"], tool_calls, outcome.get("latency_ms"), outcome.get("reward"), users)
     return flat, names, turns, bool(outcome["success"])
@@ -263,7 +296,8 @@ def ingest(source: str | Path, output_dir: str | Path, ingest_settings, window: 
     parser = RowParser(cfg.max_line_bytes)
     accepted, quarantined = _Writer(out / "accepted" / "part-00000.jsonl"), _Writer(out / "quarantine" / "part-00000.jsonl")
     stats, seen = WindowStats(), _Seen()
-    params = {"window_start": window.start.timestamp() if window.start else 0.0,
+    # an open start is far in the past (not 1970: older rows are rows too); GX needs a number
+    params = {"window_start": window.start.timestamp() if window.start else -1e15,
               "future_limit": now.timestamp() + cfg.future_tolerance_s}
     start_ts = params["window_start"]
     end_ts = window.end.timestamp() if window.end else float("inf")
@@ -281,7 +315,7 @@ def ingest(source: str | Path, output_dir: str | Path, ingest_settings, window: 
 
     try:
         for uri in files:
-            for line_no, raw in enumerate(iter_file_lines(uri), start=1):
+            for line_no, raw in _numbered_lines(uri):
                 if not raw.strip():
                     counts["blank_lines"] += 1
                     continue
@@ -308,42 +342,43 @@ def ingest(source: str | Path, output_dir: str | Path, ingest_settings, window: 
 
 
 def _validate_chunk(chunk, seen: _Seen, validator, params, accepted, quarantined, stats, docs: bool) -> dict:
-    """Duplicates, then the GX row suite; the rest is accepted and counted into the drift statistics."""
+    """The GX row suite, then duplicates among the rows it passed (a duplicate of a rejected row is
+    the first valid one); the rest is accepted and counted into the drift statistics."""
     import pandas as pd
 
     if not chunk:
         return {"rows": 0, "duplicates": 0, "failed_rows": 0, "expectations": []}
-    first = seen.first_occurrences([row[0][0] for _, _, _, row in chunk])
-    unique = []
-    for keep, item in zip(first.tolist(), chunk):
-        if keep:
-            unique.append(item)
-        else:
-            uri, line_no, raw, row = item
-            reason = f"duplicate trace_id {row[0][0][:80]!r} (its first occurrence is kept)"
-            quarantined.write(_quarantine_line(uri, line_no, reason, raw))
-    columns = list(zip(*(row[0] for _, _, _, row in unique))) or [()] * len(FLAT_COLUMNS)
+    columns = list(zip(*(row[0] for _, _, _, row in chunk)))
     frame = pd.DataFrame({name: col for name, col in zip(FLAT_COLUMNS, columns)})
     for name in ("latency_ms", "reward"):  # all-None columns would be 'object'; GX compares numbers
         frame[name] = pd.to_numeric(frame[name], errors="coerce")
     result = validator.validate("traces", frame, params, docs=docs)
     failed = result.failed_rows()
+    passed = [item for i, item in enumerate(chunk) if i not in failed]
+    first = seen.first_occurrences([row[0][0] for _, _, _, row in passed]).tolist()
     add = stats.add
-    for i, (uri, line_no, raw, (flat, names, turns, success)) in enumerate(unique):
-        reason = failed.get(i)
-        if reason is not None:
-            quarantined.write(_quarantine_line(uri, line_no, f"gx: {reason}", raw))
+    for i, (uri, line_no, raw, _) in enumerate(chunk):
+        if i in failed:
+            quarantined.write(_quarantine_line(uri, line_no, f"gx: {failed[i]}", raw))
+    duplicates = 0
+    for keep, (uri, line_no, raw, (flat, names, turns, success)) in zip(first, passed):
+        if not keep:
+            duplicates += 1
+            reason = f"duplicate trace_id {flat[0][:80]!r} (its first valid occurrence is kept)"
+            quarantined.write(_quarantine_line(uri, line_no, reason, raw))
             continue
         accepted.write(raw)
         add(flat[1], success=success, tool_errors=flat[5], prompt_tokens=flat[3], turns=turns,
             tool_calls=flat[6], tool_names=names)
-    return {"rows": len(chunk), "duplicates": len(chunk) - len(unique), "failed_rows": len(failed),
+    return {"rows": len(chunk), "duplicates": duplicates, "failed_rows": len(failed),
             "expectations": [e.to_dict() for e in result.expectations if not e.success]}
 
 
 def _finish_window(out: Path, source, window, files, counts, n_accepted, n_quarantined, stats, chunk_reports,
                    validator, cfg, seconds, docs) -> dict:
     import pandas as pd
+
+    from tasks.data.validation import BatchValidationError
 
     if counts["rows_read"] != n_accepted + n_quarantined:  # an invariant: a broken one is a bug here, not bad data
         raise IngestError(f"row counts do not reconcile: read {counts['rows_read']}, accepted {n_accepted}, "
@@ -367,10 +402,9 @@ def _finish_window(out: Path, source, window, files, counts, n_accepted, n_quara
     storage.write_bytes(out / "summary.json", json.dumps(summary, indent=1).encode())
     log.info("ingest %s: %s (%d read = %d accepted + %d quarantined; %d outside the window)", source, verdict,
              counts["rows_read"], n_accepted, n_quarantined, counts["rows_outside_window"])
-    for b in batch:
-        try:
-            b.raise_for_failure()
-        except Exception as e:  # the caller (CLI, DAG) reports the summary of a failed window too
-            e.summary = summary
-            raise
+    failures = [e.to_dict() for b in batch for e in b.expectations if not e.success]
+    if failures:
+        error = BatchValidationError("+".join(b.suite for b in batch if not b.success), failures)
+        error.summary = summary  # the caller (CLI, DAG) reports the summary of a failed window too
+        raise error
     return summary

@@ -106,6 +106,10 @@ def _run_model(episodes: list[Episode], model_dir: str, settings, seed: int) -> 
 
     backend = VLLMBackend(model_dir, max_len=settings.model.max_len, kv_cache_mb=settings.rollout.kv_cache_mb, seed=seed)
     backend.run_episodes(episodes, Sampling(temperature=settings.rollout.temperature, seed=seed))
+    del backend
+    import gc
+
+    gc.collect()  # the engine's KV cache is freed now, before the caller builds its own engines
 
 
 def _malform(kind: str, line: bytes, previous: bytes | None, now: datetime) -> bytes:

@@ -16,6 +16,7 @@ def test_demo_loop_runs_end_to_end_and_writes_its_artifacts(ray_head, settings, 
         "bootstrap": settings.bootstrap.model_copy(update={"steps": 3, "batch_size": 8}),
         "grpo": settings.grpo.model_copy(update={"steps": 2, "tasks_per_step": 4, "checkpoint_every": 1}),
         "rollout": settings.rollout.model_copy(update={"group_size": 2}),
+        "simulate": settings.simulate.model_copy(update={"traces": 240}),
     })
     summary = run_demo(s)
     out = capsys.readouterr().out
@@ -24,7 +25,11 @@ def test_demo_loop_runs_end_to_end_and_writes_its_artifacts(ray_head, settings, 
         d = summary["sampled"][reg]["difference"]
         assert d["low"] <= d["mean"] <= d["high"] and d["n"] == s.eval.num_tasks
     assert [m["step"] for m in summary["grpo_metrics"]] == [1, 2]
+    # production signals: the registry switched to v2 between the two simulated days
+    assert summary["signals"]["retrain"] and summary["signals"]["tool_change_breaking"]
+    assert "production signals" in out and "tool change" in out
     run = tmp_path / "demo"
     assert json.loads((run / "summary.json").read_text())["timings"]["grpo_s"] > 0
+    assert (run / "signals" / "monitor" / "signals.json").exists() and (run / "signals" / "traces" / "manifest.json").exists()
     assert (run / "champion" / "model.safetensors").exists() and (run / "grpo" / "model" / "model.safetensors").exists()
     assert len((run / "eval_challenger_v2.jsonl").read_text().splitlines()) == s.eval.num_tasks
