@@ -717,3 +717,22 @@ def test_a_missing_required_field_or_a_stringified_integer_is_rejected_naming_th
     assert parsed is None and row is None
     assert reason is not None and reason.startswith("schema: ")
     assert expect[:150] in reason, (expect, reason)
+
+
+def test_truncated_gzip_stops_with_the_file_and_line_named(tmp_path):
+    whole = gzip.compress(b"".join(dumps(make_trace(i)) + b"\n" for i in range(200)))
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "cut.jsonl.gz").write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(ingest_mod.IngestError, match=r"cut\.jsonl\.gz: unreadable after line \d+ .*repair or remove"):
+        run(tmp_path / "in", tmp_path / "out")
+
+
+def test_lowercase_rfc3339_leap_second_and_bom_are_rows(tmp_path):
+    lower = make_trace(1)
+    lower["timestamp"] = "2026-11-30t10:00:00z"
+    leap = make_trace(2)
+    leap["timestamp"] = "2016-12-31T23:59:60Z"
+    path = write_lines(tmp_path / "t.jsonl", [b"\xef\xbb\xbf" + dumps(make_trace(0)), dumps(lower), dumps(leap)])
+    summary = run(path, tmp_path / "out", settings=cfg(required_workloads=[]))
+    assert summary["rows_accepted"] == 3 and summary["rows_quarantined"] == 0
+    assert ingest_mod.rfc3339_seconds("2016-12-31T23:59:60Z") == ingest_mod.rfc3339_seconds("2017-01-01T00:00:00Z")
