@@ -127,6 +127,32 @@ class SimulateSettings(_Section):
     traces: int = Field(1500, ge=10, description="simulated production traces of the demo (two days, the tool change between)")
     malformed_share: float = Field(0.02, ge=0, lt=1, description="share of simulated lines made malformed (quarantine path)")
 
+
+class PromotionSettings(_Section):
+    model_name: str = Field("evergreen-agent", description="MLflow registered model name")
+    metric: Literal["greedy_success", "sampled_success"] = Field(
+        "greedy_success", description="eval column the gate judges (greedy = how the model is served)")
+    min_gain: float = Field(0.05, ge=0, lt=1, description="the lower 95% bound of the target workload's success "
+                            "difference (challenger - champion, absolute) must reach this")
+    guard_tolerance: float = Field(0.10, ge=0, lt=1, description="non-inferiority margin of each guard workload: the "
+                                   "lower bound of its difference must stay above -guard_tolerance")
+    min_gain_per_dollar: float = Field(1.0, ge=0, description="success points gained on the target (point estimate, "
+                                       "in percentage points) per dollar of total cost (run + projected serving change)")
+
+
+class CostSettings(_Section):
+    prices_file: Path = Field(PROJECT_ROOT / "include" / "config" / "prices.yaml", description="price table with dated sources")
+    cpu_price: str = Field("aws-c7i-on-demand", description="key under `cpu:` in the price table")
+    gpu_price: str = Field("h200-aws-p5e-on-demand", description="key under `gpu:` in the price table (GPU runs only)")
+    serving_price: str = Field("self-hosted-tiny", description="key under `serving:` ($ per million tokens)")
+    traffic_episodes_per_day: float = Field(100_000, ge=0, description="production episodes a day (serving projection)")
+    horizon_days: float = Field(30, gt=0, description="days over which the serving-cost change is projected")
+
+    @field_validator("prices_file")
+    @classmethod
+    def _anchor(cls, v: Path) -> Path:
+        return v if v.is_absolute() else PROJECT_ROOT / v
+
 class RaySettings(_Section):
     address: str | None = Field(None, description="existing cluster address; None starts a local one in-process")
     num_cpus: int | None = Field(None, ge=1, description="logical CPUs of a local cluster (None: all cores)")
@@ -143,6 +169,8 @@ class Settings(_Section):
     ingest: IngestSettings = IngestSettings()
     drift: DriftSettings = DriftSettings()
     simulate: SimulateSettings = SimulateSettings()
+    promotion: PromotionSettings = PromotionSettings()
+    cost: CostSettings = CostSettings()
     ray: RaySettings = RaySettings()
 
     @field_validator("run_dir")

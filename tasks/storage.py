@@ -13,6 +13,8 @@ messages name the bucket and key only. Transient S3 errors are retried by botoco
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -119,3 +121,45 @@ def iter_lines(stream: BinaryIO, chunk_bytes: int = 1 << 20) -> Iterator[bytes]:
         yield from lines
     if rest:
         yield rest
+
+
+# ---- checksums ------------------------------------------------------------------------------------------
+
+MANIFEST = "checksums.json"
+
+
+class ChecksumError(ValueError):
+    """Bytes that do not match the sha256 recorded when they were written: refuse them."""
+
+
+def sha256_file(path: str | Path, block: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(block):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def write_manifest(directory: str | Path) -> dict:
+    """Record the sha256 of every file under `directory` in `directory/checksums.json`."""
+    directory = Path(directory)
+    files = {str(p.relative_to(directory)): sha256_file(p) for p in sorted(directory.rglob("*"))
+             if p.is_file() and p.name != MANIFEST}
+    manifest = {"algorithm": "sha256", "files": files}
+    write_bytes(directory / MANIFEST, json.dumps(manifest, indent=1).encode())
+    return manifest
+
+
+def verify_manifest(directory: str | Path) -> None:
+    """Raise ChecksumError unless every file listed in checksums.json is present with its sha256."""
+    directory = Path(directory)
+    path = directory / MANIFEST
+    if not path.exists():
+        raise ChecksumError(f"{directory} has no {MANIFEST}: it was not saved by Evergreen (or lost it); "
+                            "re-save it with tasks.policy.model.save_model")
+    expected = json.loads(path.read_text())["files"]
+    bad = [name for name, digest in expected.items()
+           if not (directory / name).is_file() or sha256_file(directory / name) != digest]
+    if bad:
+        raise ChecksumError(f"{directory}: checksum mismatch or missing file for {', '.join(bad)}; "
+                            "the artifact is corrupt or was modified after it was saved: refusing to load it")

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from tasks import storage
 from tasks.policy.tokenizer import CharTokenizer
 
 
@@ -48,6 +49,7 @@ def save_model(model, tokenizer: CharTokenizer, directory: str | Path, registry:
     tokenizer.save(tmp)
     if registry is not None:
         (tmp / REGISTRY_FILE).write_text(json.dumps(registry, indent=1))
+    storage.write_manifest(tmp)  # checked by load_model: a corrupted artifact is refused
     if directory.exists():
         old = directory.with_name(f".{directory.name}.old-{os.getpid()}")
         directory.rename(old)
@@ -67,8 +69,6 @@ def resolve_model_dir(uri: str | Path, cache_dir: str | Path | None = None) -> P
 
         return Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(cache_dir) if cache_dir else None))
     if uri.startswith("s3://"):
-        from tasks import storage
-
         prefix = uri.rstrip("/") + "/"
         files = storage.list_files(prefix)
         if not files:
@@ -86,10 +86,12 @@ def resolve_model_dir(uri: str | Path, cache_dir: str | Path | None = None) -> P
 
 
 def load_model(uri: str | Path, cache_dir: str | Path | None = None):
-    """(model in eval mode, tokenizer, local directory) for a model URI."""
+    """(model in eval mode, tokenizer, local directory) for a model URI; refuses files whose sha256
+    differs from the checksums.json written by save_model (storage.ChecksumError)."""
     from transformers import AutoModelForCausalLM
 
     directory = resolve_model_dir(uri, cache_dir)
+    storage.verify_manifest(directory)
     model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
     model.eval()
     return model, CharTokenizer.load(directory), directory

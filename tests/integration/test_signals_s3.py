@@ -89,3 +89,10 @@ def test_load_model_from_s3_prefix(s3, tmp_path):
         assert torch.equal(a, b), name
     with pytest.raises(FileNotFoundError, match="no objects under"):
         load_model("s3://models/evergreen-agent/v404", cache_dir=tmp_path / "c2")
+    # an object changed in the store after the save is refused at load
+    s3.put_object(Bucket="models", Key="evergreen-agent/v3/config.json",
+                  Body=(local / "config.json").read_bytes().replace(b"{", b"{ ", 1))
+    from tasks.storage import ChecksumError
+
+    with pytest.raises(ChecksumError, match="config.json"):
+        load_model("s3://models/evergreen-agent/v3", cache_dir=tmp_path / "c3")
