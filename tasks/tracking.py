@@ -1,0 +1,109 @@
+"""MLflow tracking, the one chokepoint: a pipeline run is an MLflow run, each stage a nested run.
+
+    from tasks.tracking import Tracker
+    tracker = Tracker("http://127.0.0.1:5000", experiment="evergreen")
+    with tracker.pipeline_run("nightly", tags={"airflow.dag_id": dag_id, "airflow.run_id": run_id}, settings=s):
+        with tracker.stage("rollouts"):
+            tracker.log_metrics({"reward": 0.4}, step=1)
+        tracker.log_dataset(frame, name="traces-2026-12-01", source="s3://bucket/traces/", context="training")
+        tracker.log_artifacts("runs/x/monitor", "signals")
+
+Params are the resolved settings, flattened (`grpo.lr`); anything that looks like a credential is
+redacted before it leaves the process (values of keys named like secret/password/token/credential,
+and user:password@ in URLs). The MLflow client retries a few times with a short timeout, so a server
+that is down fails the step within a minute instead of hanging it (MLFLOW_HTTP_REQUEST_* to change).
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+from pathlib import Path
+from typing import Any, Iterator
+
+_SECRET_KEY = re.compile(r"secret|password|passwd|token|credential|access_key|api_key", re.I)
+_URL_USERINFO = re.compile(r"(?<=://)[^/@\s]+@")
+
+
+def redact(key: str, value: Any) -> Any:
+    if value is not None and _SECRET_KEY.search(key):
+        return "***"
+    if isinstance(value, str):
+        return _URL_USERINFO.sub("***@", value)
+    return value
+
+
+def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = redact(key, v)
+    return out
+
+
+def fail_fast() -> None:
+    """A down server should fail the step within a minute (MLflow's defaults retry for minutes);
+    explicit MLFLOW_HTTP_REQUEST_* variables win."""
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
+
+
+class Tracker:
+    """Wraps the MLflow client for one experiment; stages nest under the active pipeline run."""
+
+    def __init__(self, tracking_uri: str | None = None, experiment: str = "evergreen"):
+        fail_fast()
+        import mlflow
+
+        self.mlflow = mlflow
+        if tracking_uri:
+            mlflow.set_tracking_uri(tracking_uri)
+        self.tracking_uri = mlflow.get_tracking_uri()
+        self.experiment = mlflow.set_experiment(experiment)
+
+    @contextlib.contextmanager
+    def pipeline_run(self, name: str, tags: dict[str, str] | None = None, settings=None) -> Iterator[Any]:
+        with self.mlflow.start_run(run_name=name, tags={k: str(redact(k, v)) for k, v in (tags or {}).items()}) as run:
+            if settings is not None:
+                self.log_params(settings.model_dump(mode="json"))
+            yield run
+
+    @contextlib.contextmanager
+    def stage(self, name: str, tags: dict[str, str] | None = None) -> Iterator[Any]:
+        with self.mlflow.start_run(run_name=name, nested=True, tags={"evergreen.stage": name, **(tags or {})}) as run:
+            yield run
+
+    def log_params(self, params: dict) -> None:
+        flat = {k: ("" if v is None else str(v))[:6000] for k, v in flatten(params).items()}
+        items = list(flat.items())
+        for i in range(0, len(items), 100):  # the REST API takes at most 100 params per batch
+            self.mlflow.log_params(dict(items[i:i + 100]))
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        clean = {k: float(v) for k, v in flatten(metrics).items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        self.mlflow.log_metrics(clean, step=step)
+
+    def set_tags(self, tags: dict[str, Any]) -> None:
+        self.mlflow.set_tags({k: str(redact(k, v)) for k, v in tags.items()})
+
+    def log_artifacts(self, local_dir: str | Path, artifact_path: str | None = None) -> None:
+        self.mlflow.log_artifacts(str(local_dir), artifact_path)
+
+    def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
+        self.mlflow.log_artifact(str(path), artifact_path)
+
+    def log_dict(self, data: dict, artifact_file: str) -> None:
+        self.mlflow.log_dict(data, artifact_file)
+
+    def log_dataset(self, frame, name: str, source: str, context: str):
+        """Record a dataset input (its digest, schema and source) through mlflow.data."""
+        dataset = self.mlflow.data.from_pandas(frame, source=str(redact("source", source)), name=name)
+        self.mlflow.log_input(dataset, context=context)
+        return dataset.digest
+
+    def run_url(self, run) -> str:
+        return f"{self.tracking_uri.rstrip('/')}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}"

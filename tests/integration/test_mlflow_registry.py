@@ -1,0 +1,200 @@
+"""MLflow tracking and the registry against a real `mlflow server` (SQLite) with artifacts on a real S3
+endpoint (moto server): a run logged as the pipeline logs it, alias moves once per run key, checksum
+refusal at load, a server that is down, and no credential anywhere."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+pytestmark = pytest.mark.integration
+NAME = "evergreen-agent-test"
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory):
+    from tasks.config import load_settings
+    from tasks.envs.desk import load_registry
+    from tasks.policy.model import build_model, save_model
+
+    out = {}
+    for version, seed in (("1", 0), ("2", 1)):
+        s = load_settings(environ={}, overrides={"model": {"seed": seed}})
+        model, tok = build_model(s.model)
+        out[version] = save_model(model, tok, tmp_path_factory.mktemp(f"m{version}") / "model", registry=load_registry(version))
+    return out
+
+
+def _log_pipeline_run(tracker, settings, model_dir: Path, tmp_path: Path, run_key: str):
+    drift = {"drifted": True, "reasons": ["calc: success rate 0.91 -> 0.45"]}
+    (tmp_path / "docs").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "docs" / "index.html").write_text("<html>gx</html>")
+    with tracker.pipeline_run("nightly", settings=settings,
+                              tags={"airflow.dag_id": "continuous_post_training", "airflow.run_id": run_key,
+                                    "evergreen.registry_hash": "sha256:abc"}) as run:
+        with tracker.stage("rollouts"):
+            for step in range(3):
+                tracker.log_metrics({"reward_mean": 0.2 * step, "tokens": 1000 * step}, step=step)
+        with tracker.stage("training"):
+            tracker.log_metrics({"loss": 0.5}, step=1)
+        with tracker.stage("evals"):
+            tracker.log_metrics({"target": {"challenger": 0.8, "champion": 0.3}})
+            tracker.log_dict({"rows": [{"task_id": "t0", "greedy_success": 1.0}]}, "evals/table.json")
+        digest = tracker.log_dataset(pd.DataFrame({"trace_id": ["a", "b"], "workload": ["calc", "lookup"]}),
+                                     name="traces-2026-12-01", source="s3://prod-traces/agent/", context="training")
+        tracker.log_dict(drift, "signals/drift_report.json")
+        tracker.log_artifacts(tmp_path / "docs", "signals/gx_docs")
+        tracker.log_artifacts(model_dir, "model")
+        tracker.log_metrics({"cost.run_usd": 0.03})
+    return run, digest
+
+
+def test_a_pipeline_run_is_logged_with_nested_stages_inputs_artifacts_and_tags(mlflow_server, s3, model_dirs, tmp_path):
+    from mlflow import MlflowClient
+
+    from tasks.config import load_settings
+    from tasks.tracking import Tracker
+
+    tracker = Tracker(mlflow_server.uri, experiment="evergreen-it")
+    run, digest = _log_pipeline_run(tracker, load_settings(environ={}), model_dirs["1"], tmp_path, "manual__2026-12-01T00:00:00+00:00")
+    client = MlflowClient()
+    got = client.get_run(run.info.run_id)
+    assert got.data.params["grpo.lr"] == str(load_settings(environ={}).grpo.lr)
+    assert got.data.tags["airflow.dag_id"] == "continuous_post_training"
+    assert got.data.tags["evergreen.registry_hash"] == "sha256:abc"
+    assert got.inputs.dataset_inputs[0].dataset.digest == digest
+    children = client.search_runs([run.info.experiment_id], f"tags.mlflow.parentRunId = '{run.info.run_id}'")
+    assert sorted(c.data.tags["evergreen.stage"] for c in children) == ["evals", "rollouts", "training"]
+    rollouts = next(c for c in children if c.data.tags["evergreen.stage"] == "rollouts")
+    assert [m.step for m in client.get_metric_history(rollouts.info.run_id, "reward_mean")] == [0, 1, 2]
+    names = {a.path for a in client.list_artifacts(run.info.run_id, "model")}
+    assert {"model/model.safetensors", "model/checksums.json", "model/tool_registry.json"} <= names
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket="mlflow-artifacts").get("Contents", [])]
+    assert any(k.endswith("model/model.safetensors") for k in keys), "artifacts live on the S3 endpoint"
+
+
+def test_promotion_moves_aliases_once_per_run_key_and_rollback(mlflow_server, model_dirs, tmp_path):
+    from tasks.config import load_settings
+    from tasks.promotion.registry import ModelRegistry
+    from tasks.tracking import Tracker
+
+    tracker = Tracker(mlflow_server.uri, experiment="evergreen-it")
+    settings = load_settings(environ={})
+    reg = ModelRegistry(NAME)
+    run1, _ = _log_pipeline_run(tracker, settings, model_dirs["1"], tmp_path / "a", "run-a")
+    v1 = reg.register(run1.info.run_id, "model", run_key="run-a", tags={"registry_hash": "h1"})
+    assert reg.promote(v1, run_key="run-a")["moved"]
+    assert reg.aliases() == {"champion": v1}
+
+    run2, _ = _log_pipeline_run(tracker, settings, model_dirs["2"], tmp_path / "b", "run-b")
+    v2 = reg.register(run2.info.run_id, "model", run_key="run-b", tags={"registry_hash": "h2"})
+    assert reg.register(run2.info.run_id, "model", run_key="run-b") == v2, "a retried step registers nothing new"
+    reg.set_challenger(v2)
+    first = reg.promote(v2, run_key="run-b", decision={"promote": True, "reasons": ["gain"]})
+    assert first["moved"] and reg.aliases() == {"champion": v2, "previous": v1}
+    again = reg.promote(v2, run_key="run-b")
+    assert not again["moved"] and reg.aliases() == {"champion": v2, "previous": v1}
+    versions = reg.client.search_model_versions(f"name = '{NAME}'")
+    assert sorted(v.version for v in versions) == sorted([v1, v2])
+    assert json.loads(reg.client.get_model_version(NAME, v2).tags["evergreen.decision_detail"])["promote"]
+
+    back = reg.rollback(run_key="rollback-1")
+    assert back["moved"] and reg.aliases() == {"champion": v1, "previous": v2}
+    assert not reg.rollback(run_key="rollback-1")["moved"] and reg.aliases()["champion"] == v1
+
+
+def test_an_interrupted_promotion_finishes_on_retry(mlflow_server, model_dirs, tmp_path):
+    """The journal is written before the first alias moves: a crash between moves is repaired by the retry."""
+    from tasks.promotion.registry import CHAMPION, ModelRegistry
+    from tasks.tracking import Tracker
+
+    reg = ModelRegistry(NAME + "-crash")
+    tracker = Tracker(mlflow_server.uri, experiment="evergreen-it")
+    with tracker.pipeline_run("x"):
+        tracker.log_artifacts(model_dirs["1"], "model")
+        run_id = tracker.mlflow.active_run().info.run_id
+    v1 = reg.register(run_id, "model", run_key="c1")
+    reg.promote(v1, run_key="c1")
+    with tracker.pipeline_run("y"):
+        tracker.log_artifacts(model_dirs["2"], "model")
+        run_id = tracker.mlflow.active_run().info.run_id
+    v2 = reg.register(run_id, "model", run_key="c2")
+
+    calls = {"n": 0}
+    real = reg.client.set_registered_model_alias
+
+    def crash_on_champion(name, alias, version):
+        if alias == CHAMPION:
+            calls["n"] += 1
+            raise ConnectionError("server went away between the two alias moves")
+        return real(name, alias, version)
+
+    reg.client.set_registered_model_alias = crash_on_champion
+    with pytest.raises(ConnectionError):
+        reg.promote(v2, run_key="c2")
+    reg.client.set_registered_model_alias = real
+    assert reg.aliases() == {"champion": v1, "previous": v1}, "half-way state after the crash"
+    assert reg.promote(v2, run_key="c2")["moved"]
+    assert reg.aliases() == {"champion": v2, "previous": v1}
+
+
+def test_a_tampered_artifact_is_refused_at_load_through_models_uri(mlflow_server, s3, model_dirs, tmp_path):
+    from tasks.policy.model import load_model
+    from tasks.promotion.registry import ModelRegistry
+    from tasks.storage import ChecksumError
+    from tasks.tracking import Tracker
+
+    tracker = Tracker(mlflow_server.uri, experiment="evergreen-it")
+    with tracker.pipeline_run("tamper"):
+        tracker.log_artifacts(model_dirs["1"], "model")
+        run_id = tracker.mlflow.active_run().info.run_id
+    reg = ModelRegistry(NAME + "-tamper")
+    reg.promote(reg.register(run_id, "model", run_key="t1"), run_key="t1")
+    model, _, _ = load_model(f"models:/{NAME}-tamper@champion", cache_dir=tmp_path / "ok")
+    key = next(o["Key"] for o in s3.list_objects_v2(Bucket="mlflow-artifacts")["Contents"]
+               if run_id in o["Key"] and o["Key"].endswith("model/config.json"))
+    body = s3.get_object(Bucket="mlflow-artifacts", Key=key)["Body"].read()
+    s3.put_object(Bucket="mlflow-artifacts", Key=key, Body=body.replace(b'"hidden_size": 128', b'"hidden_size": 256'))
+    with pytest.raises(ChecksumError, match="config.json"):
+        load_model(f"models:/{NAME}-tamper@champion", cache_dir=tmp_path / "bad")
+
+
+def test_server_down_fails_cleanly_and_leaves_aliases(mlflow_server, model_dirs):
+    import time
+
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    from tasks.promotion.registry import ModelRegistry
+
+    live = ModelRegistry(NAME)
+    before = live.aliases()
+    dead = MlflowClient(tracking_uri="http://127.0.0.1:9")  # nothing listens on the discard port
+    started = time.monotonic()
+    with pytest.raises((MlflowException, OSError)):
+        ModelRegistry(NAME, client=dead).promote("1", run_key="while-down")
+    assert time.monotonic() - started < 120, "a down server must fail the step, not hang it"
+    assert live.aliases() == before
+
+
+def test_no_credential_in_params_tags_artifacts_or_logs(mlflow_server, s3, tmp_path):
+    """Runs after the others in this module: every param, tag, artifact and server log line of the test run."""
+    from mlflow import MlflowClient
+
+    secret = s3.secret_for_tests
+    client = MlflowClient()
+    found = []
+    for exp in client.search_experiments():
+        for run in client.search_runs([exp.experiment_id]):
+            text = json.dumps({"params": run.data.params, "tags": run.data.tags})
+            if secret in text:
+                found.append(f"run {run.info.run_id} params/tags")
+    for obj in s3.list_objects_v2(Bucket="mlflow-artifacts").get("Contents", []):
+        if secret.encode() in s3.get_object(Bucket="mlflow-artifacts", Key=obj["Key"])["Body"].read():
+            found.append(obj["Key"])
+    for log in (mlflow_server.log_path, s3.log_path):
+        if secret in Path(log).read_text(errors="replace"):
+            found.append(str(log))
+    assert not found, f"test credentials leaked into: {found}"
