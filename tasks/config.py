@@ -153,6 +153,12 @@ class CostSettings(_Section):
     def _anchor(cls, v: Path) -> Path:
         return v if v.is_absolute() else PROJECT_ROOT / v
 
+
+class TrackingSettings(_Section):
+    uri: str | None = Field(None, description="MLflow tracking URI (an `mlflow server`); None: a SQLite store "
+                            "under run_dir (mlflow.db, artifacts in mlartifacts/), no server needed")
+    experiment: str = Field("evergreen", description="MLflow experiment of the pipeline runs")
+
 class RaySettings(_Section):
     address: str | None = Field(None, description="existing cluster address; None starts a local one in-process")
     num_cpus: int | None = Field(None, ge=1, description="logical CPUs of a local cluster (None: all cores)")
@@ -171,6 +177,7 @@ class Settings(_Section):
     simulate: SimulateSettings = SimulateSettings()
     promotion: PromotionSettings = PromotionSettings()
     cost: CostSettings = CostSettings()
+    tracking: TrackingSettings = TrackingSettings()
     ray: RaySettings = RaySettings()
 
     @field_validator("run_dir")

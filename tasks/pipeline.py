@@ -79,7 +79,9 @@ def production_signals(settings, champion_dir: Path, out_dir: Path) -> dict:
     return {"manifest": manifest, "verdict": verdict}
 
 
-def run_demo(settings, fresh: bool = True) -> dict:
+def run_demo(settings, fresh: bool = True, run_key: str | None = None) -> dict:
+    """The whole loop on this machine, as one MLflow run with a nested run per stage; ends with the
+    promotion decision and a printed summary. `run_key` makes registry moves idempotent (an Airflow run id)."""
     import ray
     from safetensors.torch import load_file
 
@@ -87,6 +89,7 @@ def run_demo(settings, fresh: bool = True) -> dict:
     from tasks.rl.cluster import connect
     from tasks.rl.rollout import RolloutPool
     from tasks.rl.train import run_grpo
+    from tasks.tracking import Tracker
 
     t_start = time.time()
     run_dir = Path(settings.run_dir).resolve()
@@ -96,54 +99,165 @@ def run_demo(settings, fresh: bool = True) -> dict:
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     champ_dir = run_dir / "champion"
+    run_key = run_key or f"cli-demo-{time.strftime('%Y%m%dT%H%M%S')}"
     timings = {}
-    t0 = time.time()
-    boot = bootstrap_champion(settings, champ_dir) if not (champ_dir / "config.json").exists() else {"model_dir": str(champ_dir)}
-    timings["bootstrap_s"] = time.time() - t0
-    t0 = time.time()
-    signals = production_signals(settings, champ_dir, run_dir / "signals")
-    timings["signals_s"] = time.time() - t0
-
-    owns_ray = not ray.is_initialized()  # a caller's cluster (tests, Airflow) is left running
-    connect(settings)
-    try:
+    tracker = Tracker.from_settings(settings)
+    with tracker.pipeline_run("demo", settings=settings, tags={"airflow.dag_id": "cli-demo", "airflow.run_id": run_key}) as run:
         t0 = time.time()
-        pool = RolloutPool(champ_dir, settings)
-        timings["engines_s"] = time.time() - t0
-        regs = [settings.env.champion_registry, settings.env.target_registry]
+        boot = bootstrap_champion(settings, champ_dir) if not (champ_dir / "config.json").exists() else {"model_dir": str(champ_dir)}
+        timings["bootstrap_s"] = time.time() - t0
+        _track_bootstrap(tracker, settings, champ_dir, boot, run_key)
         t0 = time.time()
-        champion = evaluate_pool(pool, settings, regs)
-        timings["eval_champion_s"] = time.time() - t0
+        signals = production_signals(settings, champ_dir, run_dir / "signals")
+        timings["signals_s"] = time.time() - t0
+        _track_signals(tracker, run_dir / "signals", signals)
 
-        t0 = time.time()
-        run_grpo(settings, champ_dir, run_dir / "grpo", actors=pool.actors)
-        timings["grpo_s"] = time.time() - t0
+        owns_ray = not ray.is_initialized()  # a caller's cluster (tests, Airflow) is left running
+        connect(settings)
+        try:
+            t0 = time.time()
+            pool = RolloutPool(champ_dir, settings)
+            timings["engines_s"] = time.time() - t0
+            regs = [settings.env.champion_registry, settings.env.target_registry]
+            t0 = time.time()
+            champion = evaluate_pool(pool, settings, regs)
+            timings["eval_champion_s"] = time.time() - t0
 
-        t0 = time.time()
-        challenger_dir = run_dir / "grpo" / "model"
-        pool.sync_weights(load_file(challenger_dir / "model.safetensors"), version=settings.grpo.steps)
-        challenger = evaluate_pool(pool, settings, regs)
-        timings["eval_challenger_s"] = time.time() - t0
-        pool.shutdown()
-    finally:
-        if owns_ray:
-            ray.shutdown()
+            t0 = time.time()
+            run_grpo(settings, champ_dir, run_dir / "grpo", actors=pool.actors)
+            timings["grpo_s"] = time.time() - t0
 
-    e = settings.eval
-    comparisons = {reg: compare(challenger[reg], champion[reg], "sampled_success", e.bootstrap_resamples, e.confidence)
-                   for reg in regs}
-    greedy = {reg: compare(challenger[reg], champion[reg], "greedy_success", e.bootstrap_resamples, e.confidence)
-              for reg in regs}
-    for reg in regs:
-        for name, res in (("champion", champion[reg]), ("challenger", challenger[reg])):
-            (run_dir / f"eval_{name}_v{reg}.jsonl").write_text("\n".join(json.dumps(r) for r in res.table) + "\n")
-    summary = {"run_dir": str(run_dir), "bootstrap": boot, "signals": signals["verdict"],
-               "sampled": comparisons, "greedy": greedy,
-               "timings": timings, "wall_s": time.time() - t_start,
-               "grpo_metrics": [json.loads(l) for l in (run_dir / "grpo" / "metrics.jsonl").read_text().splitlines()]}
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+            t0 = time.time()
+            challenger_dir = run_dir / "grpo" / "model"
+            pool.sync_weights(load_file(challenger_dir / "model.safetensors"), version=settings.grpo.steps)
+            challenger = evaluate_pool(pool, settings, regs)
+            timings["eval_challenger_s"] = time.time() - t0
+            pool.shutdown()
+        finally:
+            if owns_ray:
+                ray.shutdown()
+
+        e = settings.eval
+        comparisons = {reg: compare(challenger[reg], champion[reg], "sampled_success", e.bootstrap_resamples, e.confidence)
+                       for reg in regs}
+        greedy = {reg: compare(challenger[reg], champion[reg], "greedy_success", e.bootstrap_resamples, e.confidence)
+                  for reg in regs}
+        for reg in regs:
+            for name, res in (("champion", champion[reg]), ("challenger", challenger[reg])):
+                (run_dir / f"eval_{name}_v{reg}.jsonl").write_text("\n".join(json.dumps(r) for r in res.table) + "\n")
+        metrics = [json.loads(line) for line in (run_dir / "grpo" / "metrics.jsonl").read_text().splitlines()]
+        evals_ok = _track_evals(tracker, settings, run_dir, champion, challenger, comparisons, greedy)
+        _track_training(tracker, run_dir / "grpo", metrics)
+        tracker.log_artifacts(challenger_dir, "model")
+        promotion = _promote(settings, tracker, run, run_key, champion, challenger, comparisons, greedy, timings,
+                             metrics, validations={"data": signals["verdict"]["rows"]["current"] is not None,
+                                                   "evals": evals_ok})
+        summary = {"run_dir": str(run_dir), "bootstrap": boot, "signals": signals["verdict"],
+                   "sampled": comparisons, "greedy": greedy, "promotion": promotion,
+                   "mlflow": tracker.run_url(run), "timings": timings, "wall_s": time.time() - t_start,
+                   "grpo_metrics": metrics}
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+        tracker.log_artifact(run_dir / "summary.json")
     print_summary(summary, settings)
     return summary
+
+
+def _track_bootstrap(tracker, settings, champ_dir: Path, boot: dict, run_key: str) -> None:
+    """The bootstrapped model is logged and registered; it becomes champion when the registry has none."""
+    from tasks.promotion.registry import CHAMPION, ModelRegistry
+
+    with tracker.stage("bootstrap") as stage:
+        tracker.log_metrics({k: v for k, v in boot.items() if k in ("sft_steps", "final_loss", "seconds", "parameters")})
+        tracker.log_artifacts(champ_dir, "model")
+        registry = ModelRegistry(settings.promotion.model_name)
+        version = registry.register(stage.info.run_id, "model", run_key=f"{run_key}:bootstrap",
+                                    tags={"evergreen.kind": "bootstrap", "evergreen.registry": settings.env.champion_registry})
+        if registry.version_of(CHAMPION) is None:
+            registry.promote(version, run_key=f"{run_key}:bootstrap",
+                             decision={"promote": True, "reasons": ["first model: the registry had no champion"]})
+
+
+def _track_signals(tracker, out: Path, signals: dict) -> None:
+    import pandas as pd
+
+    verdict = signals["verdict"]
+    with tracker.stage("signals"):
+        tracker.log_metrics({"retrain": float(verdict["retrain"]), "rows_current": verdict["rows"]["current"] or 0,
+                             "rows_reference": verdict["rows"]["reference"] or 0})
+        report = json.loads((out / "monitor" / "drift_report.json").read_text())
+        tracker.log_metrics({f"drift.{t['workload']}.{t['statistic']}.{k}": t[k] for t in report["tests"]
+                             for k in ("effect", "p_adjusted") if isinstance(t.get(k), (int, float))})
+        tracker.set_tags({"evergreen.registry_hash": verdict.get("registry_hash") or "",
+                          "evergreen.retrain_reason": verdict["summary"][:250]})
+        monitor = out / "monitor"
+        for name, where in (("signals.json", "signals"), ("drift_report.json", "signals"), ("tooldiff.json", "signals"),
+                            ("current/summary.json", "signals/ingest"), ("current/validation.json", "signals/ingest")):
+            if (monitor / name).exists():
+                tracker.log_artifact(monitor / name, where)
+        tracker.log_artifacts(monitor / "current" / "gx_docs", "signals/gx_docs")
+        rows = [json.loads(line) for line in (monitor / "current" / "accepted" / "part-00000.jsonl").read_text().splitlines()]
+        frame = pd.DataFrame({"trace_id": [r["trace_id"] for r in rows], "workload": [r["workload"] for r in rows],
+                              "timestamp": [r["timestamp"] for r in rows], "success": [r["outcome"]["success"] for r in rows]})
+        tracker.log_dataset(frame, name="production-traces", source=str(out / "traces"), context="drift-current")
+
+
+def _track_evals(tracker, settings, run_dir: Path, champion, challenger, comparisons, greedy) -> bool:
+    """Eval metrics and tables; returns whether every table passed the GX eval suite."""
+    from tasks.data.checks import check_eval_table
+    from tasks.data.validation import Validator
+
+    validator = Validator(run_dir / "gx_docs_evals")
+    ok = True
+    with tracker.stage("evals"):
+        for reg in comparisons:
+            for name, res in (("champion", champion[reg]), ("challenger", challenger[reg])):
+                outcome = check_eval_table(res.table, settings.eval.num_tasks, validator=validator)
+                ok &= outcome.success
+                tracker.log_artifact(run_dir / f"eval_{name}_v{reg}.jsonl", "evals")
+            tracker.log_metrics({f"v{reg}.{kind}.{who}": cmp[who]["mean"]
+                                 for kind, table in (("sampled", comparisons), ("greedy", greedy))
+                                 for cmp in [table[reg]] for who in ("champion", "challenger")})
+            tracker.log_metrics({f"v{reg}.greedy.difference_low": greedy[reg]["difference"]["low"]})
+        tracker.set_tags({"evergreen.eval_validation": "passed" if ok else "failed"})
+    return ok
+
+
+def _track_training(tracker, grpo_dir: Path, metrics: list[dict]) -> None:
+    with tracker.stage("training"):
+        for m in metrics:
+            tracker.log_metrics({k: v for k, v in m.items() if k != "step"}, step=m["step"])
+        shards = sorted((grpo_dir / "rollouts").glob("step-*/shard-0000.jsonl"))
+        if shards:  # a sample of rollouts (the last step's first shard), not all of them
+            tracker.log_artifact(shards[-1], "sample_rollouts")
+        tracker.set_tags({"evergreen.policy_version": str(metrics[-1]["step"]) if metrics else "0"})
+
+
+def _promote(settings, tracker, run, run_key, champion, challenger, comparisons, greedy, timings, metrics, validations):
+    """Cost ledger from what each stage held on this machine, then the gate and the registry."""
+    import os
+
+    from tasks.promotion.cost import ServingProjection, StageUsage
+    from tasks.promotion.step import promotion_step
+
+    cores = os.cpu_count() or 1
+    actors = settings.rollout.num_workers * settings.rollout.cpus_per_worker
+    stages = [
+        StageUsage("bootstrap", timings["bootstrap_s"], cpus=cores),
+        StageUsage("signals", timings["signals_s"], cpus=cores),
+        StageUsage("evals", timings["engines_s"] + timings["eval_champion_s"] + timings["eval_challenger_s"], cpus=actors),
+        StageUsage("grpo", timings["grpo_s"], cpus=actors + settings.grpo.num_train_workers,
+                   tokens_generated=int(sum(m.get("generated_tokens", 0) for m in metrics)),
+                   tokens_trained=int(sum(m.get("trained_tokens", 0) for m in metrics))),
+    ]
+    target = settings.env.target_registry
+
+    def tokens(result):
+        return sum(r.get("greedy_completion_tokens", 0) for r in result.table) / max(1, len(result.table))
+
+    serving = ServingProjection(tokens(champion[target]), tokens(challenger[target]))
+    chosen = greedy if settings.promotion.metric == "greedy_success" else comparisons
+    return promotion_step(settings, chosen, validations, stages, run.info.run_id, run_key, tracker=tracker,
+                          serving=serving, version_tags={"evergreen.policy_version": str(settings.grpo.steps)})
 
 
 def print_summary(summary: dict, settings) -> None:
@@ -161,11 +275,18 @@ def print_summary(summary: dict, settings) -> None:
             lines.append(f"  [{label:7s}] registry v{reg}: champion {_fmt(c['champion'])}  challenger {_fmt(c['challenger'])}"
                          f"  diff {100 * c['difference']['mean']:+5.1f} pts [{100 * c['difference']['low']:+5.1f}, "
                          f"{100 * c['difference']['high']:+5.1f}]")
+    promo = summary.get("promotion")
+    if promo:
+        d = promo["decision"]
+        lines += ["", f"  promotion ({settings.promotion.metric}): {'PROMOTED' if d['promote'] else 'not promoted'} "
+                      f"{promo['model_name']} version {promo['version']}; aliases {promo['aliases']}",
+                  f"    cost ${promo['cost']['total_usd']:.4f} (run ${promo['cost']['run_usd']:.4f}); {d['summary'][:150]}"]
     t = summary["timings"]
     lines += ["", "  wall %.0fs: bootstrap %.0fs, signals %.0fs, engines %.0fs, eval %.0fs + %.0fs, GRPO %.0fs (%d steps)" % (
         summary["wall_s"], t.get("bootstrap_s", 0), t.get("signals_s", 0), t.get("engines_s", 0), t.get("eval_champion_s", 0),
         t.get("eval_challenger_s", 0), t.get("grpo_s", 0), len(summary["grpo_metrics"])),
         f"  artifacts: {summary['run_dir']} (summary.json, signals/ (traces, quarantine, GX data docs, drift report),",
         "             eval tables, grpo/metrics.jsonl, grpo/rollouts, checkpoints)",
+        f"  MLflow: {summary.get('mlflow', '')}",
         "=" * 78]
     print("\n".join(lines), flush=True)

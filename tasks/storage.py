@@ -3,7 +3,8 @@
     from tasks import storage
     storage.list_files("s3://bucket/traces/")          # sorted URIs of the objects under a prefix
     with storage.open_binary("s3://bucket/traces/2026-12-01/part-0.jsonl.gz") as f: ...   # streamed
-    storage.write_bytes("runs/x/report.json", data)     # atomic: temporary name, then rename
+    storage.write_bytes("runs/x/report.json", data)     # atomic: temporary name, then rename (S3: one PUT)
+    storage.read_bytes("s3://bucket/report.json")       # checks the sha256 recorded at write
     storage.read_bytes("http://tools.internal/openapi.json")   # http(s) is read-only
 
 The S3 endpoint comes from `EVERGREEN_S3_ENDPOINT_URL`, else boto3's own `AWS_ENDPOINT_URL_S3` /
@@ -19,6 +20,10 @@ import os
 import tempfile
 from pathlib import Path
 from typing import BinaryIO, Iterator
+
+
+class ChecksumError(ValueError):
+    """Bytes that do not match the sha256 recorded when they were written: refuse them."""
 
 
 def is_s3(uri: str | Path) -> bool:
@@ -88,7 +93,24 @@ def open_binary(uri: str | Path) -> BinaryIO:
     return open(uri, "rb")
 
 
-def read_bytes(uri: str | Path) -> bytes:
+SHA256_META = "sha256"  # S3 user metadata (x-amz-meta-sha256) written with every object
+
+
+def read_bytes(uri: str | Path, verify: bool = True) -> bytes:
+    """The object's bytes; an S3 object written here carries its sha256, which is checked."""
+    uri = str(uri)
+    if is_s3(uri) and verify:
+        bucket, key = split_s3(uri)
+        try:
+            response = s3_client().get_object(Bucket=bucket, Key=key)
+        except Exception as e:
+            raise FileNotFoundError(f"cannot read s3://{bucket}/{key}: {e}") from None
+        data = response["Body"].read()
+        expected = response.get("Metadata", {}).get(SHA256_META)
+        if expected and hashlib.sha256(data).hexdigest() != expected:
+            raise ChecksumError(f"s3://{bucket}/{key}: sha256 {hashlib.sha256(data).hexdigest()[:12]}... differs from "
+                                f"the {expected[:12]}... recorded at write: the object changed or is corrupt")
+        return data
     with open_binary(uri) as f:
         return f.read()
 
@@ -98,7 +120,9 @@ def write_bytes(uri: str | Path, data: bytes) -> str:
     uri = str(uri)
     if is_s3(uri):
         bucket, key = split_s3(uri)
-        s3_client().put_object(Bucket=bucket, Key=key, Body=data)  # a single PUT is atomic in S3
+        # one PUT is atomic in S3; the sha256 rides along as metadata and is checked by read_bytes
+        s3_client().put_object(Bucket=bucket, Key=key, Body=data,
+                               Metadata={SHA256_META: hashlib.sha256(data).hexdigest()})
         return uri
     path = Path(uri)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -107,6 +131,28 @@ def write_bytes(uri: str | Path, data: bytes) -> str:
         f.write(data)
     os.replace(tmp, path)
     return str(path)
+
+
+def upload_file(local: str | Path, uri: str) -> str:
+    """Copy a local file to `uri`. Large files go to S3 as a multipart upload, which stays invisible
+    until it completes: an interrupted upload leaves no partial object (botocore retries each part)."""
+    local = Path(local)
+    if not is_s3(uri):
+        target = Path(uri)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+        os.close(fd)
+        import shutil
+
+        shutil.copyfile(local, tmp)
+        os.replace(tmp, target)
+        return str(target)
+    from boto3.s3.transfer import TransferConfig
+
+    bucket, key = split_s3(uri)
+    s3_client().upload_file(str(local), bucket, key, ExtraArgs={"Metadata": {SHA256_META: sha256_file(local)}},
+                            Config=TransferConfig(multipart_threshold=8 << 20, multipart_chunksize=8 << 20))
+    return uri
 
 
 def iter_lines(stream: BinaryIO, chunk_bytes: int = 1 << 20) -> Iterator[bytes]:
@@ -123,13 +169,9 @@ def iter_lines(stream: BinaryIO, chunk_bytes: int = 1 << 20) -> Iterator[bytes]:
         yield rest
 
 
-# ---- checksums ------------------------------------------------------------------------------------------
+# ---- manifests ------------------------------------------------------------------------------------------
 
 MANIFEST = "checksums.json"
-
-
-class ChecksumError(ValueError):
-    """Bytes that do not match the sha256 recorded when they were written: refuse them."""
 
 
 def sha256_file(path: str | Path, block: int = 1 << 20) -> str:

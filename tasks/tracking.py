@@ -55,7 +55,8 @@ def fail_fast() -> None:
 class Tracker:
     """Wraps the MLflow client for one experiment; stages nest under the active pipeline run."""
 
-    def __init__(self, tracking_uri: str | None = None, experiment: str = "evergreen"):
+    def __init__(self, tracking_uri: str | None = None, experiment: str = "evergreen",
+                 artifact_location: str | Path | None = None):
         fail_fast()
         import mlflow
 
@@ -63,7 +64,20 @@ class Tracker:
         if tracking_uri:
             mlflow.set_tracking_uri(tracking_uri)
         self.tracking_uri = mlflow.get_tracking_uri()
+        if artifact_location is not None and mlflow.get_experiment_by_name(experiment) is None:
+            # a server-less store would put artifacts in ./mlruns of whatever directory we run in
+            mlflow.create_experiment(experiment, artifact_location=Path(artifact_location).resolve().as_uri())
         self.experiment = mlflow.set_experiment(experiment)
+
+    @classmethod
+    def from_settings(cls, settings) -> "Tracker":
+        """The configured server, or a SQLite store under run_dir (mlflow.db + mlartifacts/)."""
+        t = settings.tracking
+        if t.uri:
+            return cls(t.uri, t.experiment)
+        run_dir = Path(settings.run_dir).resolve()
+        run_dir.mkdir(parents=True, exist_ok=True)
+        return cls(f"sqlite:///{run_dir / 'mlflow.db'}", t.experiment, artifact_location=run_dir / "mlartifacts")
 
     @contextlib.contextmanager
     def pipeline_run(self, name: str, tags: dict[str, str] | None = None, settings=None) -> Iterator[Any]:
@@ -106,4 +120,8 @@ class Tracker:
         return dataset.digest
 
     def run_url(self, run) -> str:
-        return f"{self.tracking_uri.rstrip('/')}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}"
+        """A link to the run in the MLflow UI (for a SQLite store: the `mlflow ui` command that serves it)."""
+        if self.tracking_uri.startswith("http"):
+            return f"{self.tracking_uri.rstrip('/')}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}"
+        return (f"mlflow ui --backend-store-uri {self.tracking_uri} --port 5000, then "
+                f"http://127.0.0.1:5000/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}")

@@ -49,6 +49,8 @@ def evaluate(backend, tasks: list[Task], tokenizer, samples: int, temperature: f
             "sampled_reward": sum(s["reward"] for s in scores) / samples,
             "tool_errors": sum(s["tool_errors"] for s in scores) / samples,
             "greedy_answer": (g.answer or "")[:60],
+            # what serving this task costs with greedy decoding (the serving-cost projection uses it)
+            "greedy_completion_tokens": g.completion_tokens,
         })
     return EvalResult(table)
 

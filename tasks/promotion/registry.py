@@ -94,6 +94,11 @@ class ModelRegistry:
         self._write_journal(run_key, entry)
         return entry
 
+    def moved_for(self, run_key: str) -> bool:
+        """Whether this run key's alias move has already finished (a retried step must not redo it)."""
+        entry = self._journal(run_key)
+        return bool(entry and entry["state"] == "done")
+
     def promote(self, version: str, run_key: str, decision: dict | None = None) -> dict:
         """Champion := version, previous := the old champion; once per run_key. Returns the journal entry
         with `moved` (False when this run_key had already promoted)."""

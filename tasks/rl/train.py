@@ -161,7 +161,8 @@ def grpo_loop(config: dict) -> None:
         t_train = time.time() - t0 - t_roll
         version = step + 1
         sync_s = pool.sync_weights(state_dict_cpu(model), version) if rank == 0 else 0.0
-        m.update(step=version, rollout_s=t_roll, train_s=t_train, weight_sync_s=sync_s)
+        m.update(step=version, rollout_s=t_roll, train_s=t_train, weight_sync_s=sync_s,
+                 generated_tokens=sum(r["completion_tokens"] for r in records))
         report_kwargs = {}
         if rank == 0:
             with open(metrics_path, "a") as f:

@@ -198,3 +198,56 @@ def test_no_credential_in_params_tags_artifacts_or_logs(mlflow_server, s3, tmp_p
         if secret in Path(log).read_text(errors="replace"):
             found.append(str(log))
     assert not found, f"test credentials leaked into: {found}"
+
+
+def _comparisons(target_champion, target_challenger, guard_champion, guard_challenger, n=150):
+    import numpy as np
+
+    from tasks.evals.harness import EvalResult, compare
+
+    def table(p):
+        rng = np.random.default_rng(int(p * 1000))
+        hits = np.zeros(n)
+        hits[rng.choice(n, int(round(p * n)), replace=False)] = 1
+        return EvalResult([{"task_id": f"t{i}", "greedy_success": float(h)} for i, h in enumerate(hits)])
+
+    return {"2": compare(table(target_challenger), table(target_champion), "greedy_success", 500),
+            "1": compare(table(guard_challenger), table(guard_champion), "greedy_success", 500)}
+
+
+@pytest.mark.parametrize("gain, promoted", [(0.50, True), (0.0, False)])
+def test_promotion_step_decides_logs_and_moves(mlflow_server, model_dirs, gain, promoted):
+    from tasks.config import load_settings
+    from tasks.promotion.cost import StageUsage
+    from tasks.promotion.registry import ModelRegistry
+    from tasks.promotion.step import promotion_step
+    from tasks.tracking import Tracker
+
+    name = f"{NAME}-step-{int(gain * 100)}"
+    settings = load_settings(environ={}, overrides={"promotion": {"model_name": name}})
+    tracker = Tracker(mlflow_server.uri, experiment="evergreen-it")
+    registry = ModelRegistry(name)
+    with tracker.pipeline_run("champion"):
+        tracker.log_artifacts(model_dirs["1"], "model")
+        champion_version = registry.register(tracker.mlflow.active_run().info.run_id, "model", run_key="boot")
+        registry.promote(champion_version, run_key="boot")
+    with tracker.pipeline_run("nightly") as run:
+        tracker.log_artifacts(model_dirs["2"], "model")
+        result = promotion_step(settings, _comparisons(0.3, 0.3 + gain, 0.9, 0.9), {"data": True, "evals": True},
+                                [StageUsage("grpo", 600, cpus=2, tokens_generated=10_000)], run.info.run_id,
+                                run_key="nightly-1", tracker=tracker)
+        again = promotion_step(settings, _comparisons(0.3, 0.3 + gain, 0.9, 0.9), {"data": True, "evals": True},
+                               [StageUsage("grpo", 600, cpus=2, tokens_generated=10_000)], run.info.run_id,
+                               run_key="nightly-1", tracker=tracker)
+    assert result["decision"]["promote"] is promoted and again["version"] == result["version"]
+    aliases = registry.aliases()
+    if promoted:
+        assert aliases == {"champion": result["version"], "previous": champion_version}
+        assert result["move"]["moved"] and not again["move"]["moved"]
+    else:
+        assert aliases == {"champion": champion_version, "challenger": result["version"]}
+        tags = registry.client.get_model_version(name, result["version"]).tags
+        assert tags["evergreen.decision"] == "not_promoted" and "target_gain" in tags["evergreen.decision_detail"]
+    logged = registry.client.get_run(run.info.run_id)
+    assert logged.data.tags["evergreen.decision"] == ("promoted" if promoted else "not_promoted")
+    assert "cost.run_usd" in logged.data.metrics

@@ -28,6 +28,19 @@ def test_demo_loop_runs_end_to_end_and_writes_its_artifacts(ray_head, settings, 
     # production signals: the registry switched to v2 between the two simulated days
     assert summary["signals"]["retrain"] and summary["signals"]["tool_change_breaking"]
     assert "production signals" in out and "tool change" in out
+    # one MLflow run (SQLite store under run_dir) with nested stages; the gate decided and the registry shows it
+    promo = summary["promotion"]
+    assert {c["name"] for c in promo["decision"]["checks"]} >= {"target_gain", "gain_per_dollar", "validation:data",
+                                                                "validation:evals", "guard:registry_v1"}
+    assert promo["cost"]["run_usd"] > 0 and promo["aliases"]["champion"]
+    assert promo["aliases"].get("challenger") == promo["version"] or promo["decision"]["promote"]
+    assert "promotion" in out and "MLflow:" in out
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'demo' / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name(s.tracking.experiment).experiment_id])
+    stages = sorted(r.data.tags.get("evergreen.stage", "") for r in runs)
+    assert stages == ["", "bootstrap", "evals", "signals", "training"]
     run = tmp_path / "demo"
     assert json.loads((run / "summary.json").read_text())["timings"]["grpo_s"] > 0
     assert (run / "signals" / "monitor" / "signals.json").exists() and (run / "signals" / "traces" / "manifest.json").exists()

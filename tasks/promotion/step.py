@@ -1,0 +1,62 @@
+"""The promotion step: cost ledger -> gate -> registry, all logged to the active MLflow run.
+
+    from tasks.promotion.step import promotion_step
+    result = promotion_step(settings, comparisons={"2": target_cmp, "1": guard_cmp}, validations={"data": True, "evals": True},
+                            stages=[StageUsage(...)], run_id=mlflow_run_id, run_key=airflow_run_id, tracker=tracker)
+    result["decision"]["promote"], result["aliases"]
+
+`comparisons` are tasks.evals.harness.compare() results on `promotion.metric`, keyed by registry:
+the target registry's is the target workload, every other one a guard. The challenger model must
+already be logged under the run's `model` artifact path. The version is registered once per run_key
+and becomes `challenger`; on promote the aliases move (tasks.promotion.registry), otherwise the
+decision is tagged on the version and logged, and the aliases stay.
+"""
+from __future__ import annotations
+
+import logging
+
+from tasks.promotion.cost import ServingProjection, StageUsage, ledger, load_prices
+from tasks.promotion.gate import decide
+
+log = logging.getLogger(__name__)
+
+
+def promotion_step(settings, comparisons: dict[str, dict], validations: dict[str, bool], stages: list[StageUsage],
+                   run_id: str, run_key: str, tracker=None, serving: ServingProjection | None = None,
+                   version_tags: dict | None = None) -> dict:
+    from tasks.promotion.registry import ModelRegistry
+
+    target_reg = settings.env.target_registry
+    target = comparisons[target_reg]
+    guards = {f"registry_v{reg}": cmp for reg, cmp in comparisons.items() if reg != target_reg}
+    gain_points = 100.0 * target["difference"]["mean"]
+    cost = ledger(stages, settings.cost, load_prices(settings.cost.prices_file), serving, gain_points)
+    decision = decide(target, guards, validations, cost, settings.promotion)
+    from tasks.envs import get_env
+    from tasks.signals.tools import schema_hash
+
+    registry_hash = schema_hash(get_env(settings.env.name).load_registry(target_reg))
+    registry = ModelRegistry(settings.promotion.model_name)
+    version = registry.register(run_id, "model", run_key=run_key, tags={
+        "evergreen.registry_hash": registry_hash,
+        "evergreen.eval_target": f"{target['challenger']['mean']:.4f}",
+        "evergreen.gain_points": f"{gain_points:.2f}",
+        "evergreen.cost_usd": f"{cost['total_usd']:.6f}", **(version_tags or {})})
+    if not registry.moved_for(run_key):  # a retried step after the move must not re-point the challenger
+        registry.set_challenger(version)
+    if decision.promote:
+        move = registry.promote(version, run_key=run_key, decision=decision.to_dict())
+    else:
+        registry.record_not_promoted(version, decision.to_dict())
+        move = {"moved": False, "kind": "not_promoted"}
+    result = {"decision": decision.to_dict(), "cost": cost, "version": version, "move": move,
+              "aliases": registry.aliases(), "model_name": settings.promotion.model_name}
+    if tracker is not None:
+        tracker.log_dict(result, "promotion/decision.json")
+        tracker.log_metrics({"cost.run_usd": cost["run_usd"], "cost.total_usd": cost["total_usd"],
+                             "promotion.promoted": float(decision.promote), "promotion.gain_points": gain_points})
+        tracker.set_tags({"evergreen.decision": "promoted" if decision.promote else "not_promoted",
+                          "evergreen.model_version": version})
+    log.info("promotion: %s (version %s): %s", "PROMOTED" if decision.promote else "not promoted", version,
+             decision.summary)
+    return result
