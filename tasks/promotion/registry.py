@@ -55,10 +55,10 @@ class ModelRegistry:
         found = self.client.search_model_versions(f"name = '{self.name}' and tag.`evergreen.run_key` = '{run_key}'")
         if found:
             log.info("registry: version %s already registered for run %s", found[0].version, run_key)
-            return found[0].version
+            return str(found[0].version)
         source = f"{self.client.get_run(run_id).info.artifact_uri.rstrip('/')}/{artifact_path}"
         tags = {"evergreen.run_key": run_key, **{k: str(v) for k, v in (tags or {}).items()}}
-        version = self.client.create_model_version(self.name, source=source, run_id=run_id, tags=tags).version
+        version = str(self.client.create_model_version(self.name, source=source, run_id=run_id, tags=tags).version)
         log.info("registry: registered %s version %s from %s", self.name, version, source)
         return version
 
@@ -67,7 +67,8 @@ class ModelRegistry:
             self.client.set_model_version_tag(self.name, version, k, v if isinstance(v, str) else json.dumps(v))
 
     def aliases(self) -> dict[str, str]:
-        return dict(self.client.get_registered_model(self.name).aliases)
+        # versions as strings: a REST store answers strings, a SQLite store in-process answers ints
+        return {alias: str(v) for alias, v in self.client.get_registered_model(self.name).aliases.items()}
 
     def version_of(self, alias: str) -> str | None:
         return self.aliases().get(alias)

@@ -33,7 +33,10 @@ def test_demo_loop_runs_end_to_end_and_writes_its_artifacts(ray_head, settings, 
     assert {c["name"] for c in promo["decision"]["checks"]} >= {"target_gain", "gain_per_dollar", "validation:data",
                                                                 "validation:evals", "guard:registry_v1"}
     assert promo["cost"]["run_usd"] > 0 and promo["aliases"]["champion"]
-    assert promo["aliases"].get("challenger") == promo["version"] or promo["decision"]["promote"]
+    if promo["decision"]["promote"]:  # the challenger alias is consumed by the move
+        assert promo["aliases"]["champion"] == promo["version"] and "challenger" not in promo["aliases"]
+    else:
+        assert promo["aliases"]["challenger"] == promo["version"] != promo["aliases"]["champion"]
     assert "promotion" in out and "MLflow:" in out
     import mlflow
 
