@@ -83,11 +83,11 @@ def run(args, settings) -> int:
         elif args.command == "simulate":
             from tasks.signals.simulate import simulate_traces
 
-            start, end = Window.parse(f"{args.start}/{args.end}").start, Window.parse(f"{args.start}/{args.end}").end
-            schedule = [(start, args.from_registry)]
+            span = Window.parse(f"{args.start}/{args.end}")
+            schedule = [(span.start, args.from_registry)]
             if args.change_at:
                 schedule.append((Window.parse(f"{args.change_at}/").start, args.to_registry))
-            print(json.dumps(simulate_traces(args.out, start, end, args.traces, schedule, policy=args.policy,
+            print(json.dumps(simulate_traces(args.out, span.start, span.end, args.traces, schedule, policy=args.policy,
                                              settings=settings, malformed_share=args.malformed_share, seed=args.seed)))
     except BatchValidationError as e:
         summary = getattr(e, "summary", None)
@@ -101,20 +101,9 @@ def run(args, settings) -> int:
     return 0
 
 
-def load_window_stats(source: str, window: str | None, settings, work_dir: Path):
-    """WindowStats of an ingest output directory, or of a trace input ingested into `work_dir` first."""
-    from tasks.signals.drift import WindowStats
-    from tasks.signals.ingest import Window, ingest
-
-    stats_path = Path(source) / "stats.json"
-    if not stats_path.exists():
-        ingest(source, work_dir, settings.ingest, Window.parse(window), docs=False)
-        stats_path = work_dir / "stats.json"
-    return WindowStats.from_dict(json.loads(stats_path.read_text()))
-
-
 def _drift(args, settings) -> dict:
     from tasks.signals.drift import compare
+    from tasks.signals.monitor import window_stats
 
     from datetime import timedelta
 
@@ -130,8 +119,8 @@ def _drift(args, settings) -> dict:
             raise ValueError("give --reference, or --reference-days N to compare with the N days before --current-window")
         args.reference = args.current
     base = Path(args.out).parent if args.out else Path(tempfile.mkdtemp(prefix="evergreen-drift-"))
-    reference = load_window_stats(args.reference, args.reference_window, settings, base / "ingest_reference")
-    current = load_window_stats(args.current, args.current_window, settings, base / "ingest_current")
+    reference, _ = window_stats(args.reference, base / "ingest_reference", settings, Window.parse(args.reference_window), docs=False)
+    current, _ = window_stats(args.current, base / "ingest_current", settings, Window.parse(args.current_window), docs=False)
     report = compare(reference, current, settings.drift).to_dict()
     report["computed_at"] = datetime.now(timezone.utc).isoformat()
     if args.out:

@@ -26,12 +26,14 @@ from tasks.signals.ingest import Window, ingest
 log = logging.getLogger(__name__)
 
 
-def _window_stats(source, out: Path, settings, window: Window) -> tuple[WindowStats, dict]:
+def window_stats(source, out: Path, settings, window: Window, docs: bool = True) -> tuple[WindowStats, dict]:
+    """Drift statistics (and the ingest summary) of an ingest output directory, or of a trace input
+    ingested into `out` first."""
     if (Path(str(source)) / "stats.json").exists():  # an ingest output already
         stats_dir = Path(str(source))
         summary = json.loads((stats_dir / "summary.json").read_text()) if (stats_dir / "summary.json").exists() else {}
     else:
-        summary = ingest(source, out, settings.ingest, window)
+        summary = ingest(source, out, settings.ingest, window, docs=docs)
         stats_dir = out
     return WindowStats.from_dict(json.loads((stats_dir / "stats.json").read_text())), summary
 
@@ -45,8 +47,8 @@ def check_production(settings, source, output_dir, window: Window, champion: str
                          "or pass an explicit reference")
     ref_window = Window(window.start - timedelta(days=settings.drift.reference_days), window.start) \
         if window.start else Window()
-    current, current_summary = _window_stats(source, out / "current", settings, window)
-    ref, ref_summary = _window_stats(reference or source, out / "reference", settings, ref_window)
+    current, current_summary = window_stats(source, out / "current", settings, window)
+    ref, ref_summary = window_stats(reference or source, out / "reference", settings, ref_window)
     report = compare(ref, current, settings.drift)
     storage.write_bytes(out / "drift_report.json", json.dumps(report.to_dict(), indent=1).encode())
     reasons = list(report.reasons)
