@@ -150,7 +150,7 @@ def run_demo(settings, fresh: bool = True, run_key: str | None = None) -> dict:
         _track_training(tracker, run_dir / "grpo", metrics)
         tracker.log_artifacts(challenger_dir, "model")
         promotion = _promote(settings, tracker, run, run_key, champion, challenger, comparisons, greedy, timings,
-                             metrics, validations={"data": signals["verdict"]["rows"]["current"] is not None,
+                             metrics, validations={"data": signals["verdict"]["data_validation"] == "passed",
                                                    "evals": evals_ok})
         summary = {"run_dir": str(run_dir), "bootstrap": boot, "signals": signals["verdict"],
                    "sampled": comparisons, "greedy": greedy, "promotion": promotion,

@@ -67,6 +67,8 @@ def check_production(settings, source, output_dir, window: Window, champion: str
         "drifted": report.drifted, "tool_change_breaking": bool(diff and diff.breaking),
         "registry_hash": diff.new_hash if diff else None,
         "rows": {"current": current_summary.get("rows_accepted"), "reference": ref_summary.get("rows_accepted")},
+        # a failed window raises inside ingest; an ingest output given as input carries its own verdict
+        "data_validation": current_summary.get("verdict", "passed"),
         "artifacts": {"drift_report": str(out / "drift_report.json"),
                       "tooldiff": str(out / "tooldiff.json") if diff else None,
                       "data_docs": current_summary.get("data_docs")},

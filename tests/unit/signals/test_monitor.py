@@ -34,7 +34,7 @@ def test_tool_change_day_requests_retraining_with_reasons(production, settings, 
     traces, champion = production
     verdict = check_production(settings, traces, tmp_path, Window.parse("2026-11-22"), champion=champion, registry="2")
     assert verdict["retrain"] and verdict["drifted"] and verdict["tool_change_breaking"]
-    assert verdict["reasons"][0].startswith("tool change:")
+    assert verdict["reasons"][0].startswith("tool change:") and verdict["data_validation"] == "passed"
     assert any("success rate" in r for r in verdict["reasons"])
     assert json.loads((tmp_path / "signals.json").read_text()) == verdict
     for name in ("drift_report.json", "tooldiff.json", "current/summary.json", "reference/summary.json",
