@@ -74,15 +74,19 @@ def list_files(uri: str | Path, suffixes: tuple[str, ...] = ()) -> list[str]:
     return sorted(u for u in out if not suffixes or u.endswith(suffixes))
 
 
+def _get_object(uri: str) -> dict:
+    bucket, key = split_s3(uri)
+    try:
+        return s3_client().get_object(Bucket=bucket, Key=key)
+    except Exception as e:  # botocore's errors carry no credentials; re-raise with the object's name
+        raise FileNotFoundError(f"cannot read s3://{bucket}/{key}: {e}") from None
+
+
 def open_binary(uri: str | Path) -> BinaryIO:
     """A readable binary stream; S3 objects are streamed, never read whole into memory."""
     uri = str(uri)
     if is_s3(uri):
-        bucket, key = split_s3(uri)
-        try:
-            return s3_client().get_object(Bucket=bucket, Key=key)["Body"]
-        except Exception as e:  # botocore's ClientError carries no credentials; re-raise with the object name
-            raise FileNotFoundError(f"cannot read s3://{bucket}/{key}: {e}") from None
+        return _get_object(uri)["Body"]
     if is_http(uri):
         import urllib.request
 
@@ -100,16 +104,13 @@ def read_bytes(uri: str | Path, verify: bool = True) -> bytes:
     """The object's bytes; an S3 object written here carries its sha256, which is checked."""
     uri = str(uri)
     if is_s3(uri) and verify:
-        bucket, key = split_s3(uri)
-        try:
-            response = s3_client().get_object(Bucket=bucket, Key=key)
-        except Exception as e:
-            raise FileNotFoundError(f"cannot read s3://{bucket}/{key}: {e}") from None
+        response = _get_object(uri)
         data = response["Body"].read()
         expected = response.get("Metadata", {}).get(SHA256_META)
-        if expected and hashlib.sha256(data).hexdigest() != expected:
-            raise ChecksumError(f"s3://{bucket}/{key}: sha256 {hashlib.sha256(data).hexdigest()[:12]}... differs from "
-                                f"the {expected[:12]}... recorded at write: the object changed or is corrupt")
+        actual = hashlib.sha256(data).hexdigest()
+        if expected and actual != expected:
+            raise ChecksumError(f"{uri}: sha256 {actual[:12]}... differs from the {expected[:12]}... recorded at "
+                                "write: the object changed or is corrupt")
         return data
     with open_binary(uri) as f:
         return f.read()
