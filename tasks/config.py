@@ -21,6 +21,12 @@ DEFAULT_CONFIG = PROJECT_ROOT / "include" / "config" / "pipeline.yaml"
 ENV_PREFIX = "EVERGREEN_"
 
 
+def _in_project(v: Path) -> Path:
+    """A relative path is relative to the project, not to whichever directory an Airflow worker or Ray
+    job starts in."""
+    return v if v.is_absolute() else PROJECT_ROOT / v
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
@@ -150,14 +156,15 @@ class CostSettings(_Section):
 
     @field_validator("prices_file")
     @classmethod
-    def _anchor(cls, v: Path) -> Path:
-        return v if v.is_absolute() else PROJECT_ROOT / v
+    def _anchor_prices(cls, v: Path) -> Path:
+        return _in_project(v)
 
 
 class TrackingSettings(_Section):
     uri: str | None = Field(None, description="MLflow tracking URI (an `mlflow server`); None: a SQLite store "
                             "under run_dir (mlflow.db, artifacts in mlartifacts/), no server needed")
     experiment: str = Field("evergreen", description="MLflow experiment of the pipeline runs")
+
 
 class RaySettings(_Section):
     address: str | None = Field(None, description="existing cluster address; None starts a local one in-process")
@@ -183,8 +190,7 @@ class Settings(_Section):
     @field_validator("run_dir")
     @classmethod
     def _anchor_run_dir(cls, v: Path) -> Path:
-        # relative to the project, not to whichever directory an Airflow worker or Ray job starts in
-        return v if v.is_absolute() else PROJECT_ROOT / v
+        return _in_project(v)
 
 
 class SettingsError(ValueError):
