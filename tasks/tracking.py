@@ -21,7 +21,8 @@ import re
 from pathlib import Path
 from typing import Any, Iterator
 
-_SECRET_KEY = re.compile(r"secret|password|passwd|token|credential|access_key|api_key", re.I)
+# "token" only as a whole last word: `max_tokens_per_turn` or `trained_tokens` are figures, not secrets
+_SECRET_KEY = re.compile(r"secret|password|passwd|credential|access_key|api_key|(^|[._])(auth_|access_|api_)?token$", re.I)
 _URL_USERINFO = re.compile(r"(?<=://)[^/@\s]+@")
 
 
@@ -33,14 +34,14 @@ def redact(key: str, value: Any) -> Any:
     return value
 
 
-def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+def flatten(d: dict, prefix: str = "", redacted: bool = True) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, v in d.items():
         key = f"{prefix}{k}"
         if isinstance(v, dict):
-            out.update(flatten(v, key + "."))
+            out.update(flatten(v, key + ".", redacted))
         else:
-            out[key] = redact(key, v)
+            out[key] = redact(key, v) if redacted else v
     return out
 
 
@@ -98,7 +99,9 @@ class Tracker:
             self.mlflow.log_params(dict(items[i:i + 100]))
 
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
-        clean = {k: float(v) for k, v in flatten(metrics).items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        # metrics are numbers, never credentials: no redaction (it would drop e.g. `trained_tokens`)
+        clean = {k: float(v) for k, v in flatten(metrics, redacted=False).items()
+                 if isinstance(v, (int, float)) and not isinstance(v, bool)}
         self.mlflow.log_metrics(clean, step=step)
 
     def set_tags(self, tags: dict[str, Any]) -> None:

@@ -44,6 +44,8 @@ def test_demo_loop_runs_end_to_end_and_writes_its_artifacts(ray_head, settings, 
     runs = client.search_runs([client.get_experiment_by_name(s.tracking.experiment).experiment_id])
     stages = sorted(r.data.tags.get("evergreen.stage", "") for r in runs)
     assert stages == ["", "bootstrap", "evals", "signals", "training"]
+    training = next(r for r in runs if r.data.tags.get("evergreen.stage") == "training")
+    assert {"trained_tokens", "generated_tokens", "loss"} <= set(training.data.metrics)
     run = tmp_path / "demo"
     assert json.loads((run / "summary.json").read_text())["timings"]["grpo_s"] > 0
     assert (run / "signals" / "monitor" / "signals.json").exists() and (run / "signals" / "traces" / "manifest.json").exists()
