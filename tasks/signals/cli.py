@@ -103,24 +103,18 @@ def run(args, settings) -> int:
 
 def _drift(args, settings) -> dict:
     from tasks.signals.drift import compare
+    from tasks.signals.ingest import Window
     from tasks.signals.monitor import window_stats
 
-    from datetime import timedelta
-
-    from tasks.signals.ingest import Window
-
-    if args.reference_days:
-        current = Window.parse(args.current_window)
-        if current.start is None:
-            raise ValueError("--reference-days needs a --current-window with a start")
-        args.reference_window = str(Window(current.start - timedelta(days=args.reference_days), current.start))
-    if not args.reference:
-        if not args.reference_days:
-            raise ValueError("give --reference, or --reference-days N to compare with the N days before --current-window")
-        args.reference = args.current
+    current_window = Window.parse(args.current_window)
+    reference_window = current_window.days_before(args.reference_days) if args.reference_days \
+        else Window.parse(args.reference_window)
+    if not args.reference and not args.reference_days:
+        raise ValueError("give --reference, or --reference-days N to compare with the N days before --current-window")
     base = Path(args.out).parent if args.out else Path(tempfile.mkdtemp(prefix="evergreen-drift-"))
-    reference, _ = window_stats(args.reference, base / "ingest_reference", settings, Window.parse(args.reference_window), docs=False)
-    current, _ = window_stats(args.current, base / "ingest_current", settings, Window.parse(args.current_window), docs=False)
+    reference, _ = window_stats(args.reference or args.current, base / "ingest_reference", settings, reference_window,
+                                docs=False)
+    current, _ = window_stats(args.current, base / "ingest_current", settings, current_window, docs=False)
     report = compare(reference, current, settings.drift).to_dict()
     report["computed_at"] = datetime.now(timezone.utc).isoformat()
     if args.out:

@@ -75,6 +75,12 @@ class Window:
             raise ValueError(f"window {text!r} ends before it starts: give START/END with START < END")
         return w
 
+    def days_before(self, days: int) -> "Window":
+        """The reference window: the `days` days that end where this one starts."""
+        if self.start is None:
+            raise ValueError("a reference of the days before needs a current window with a start")
+        return Window(self.start - timedelta(days=days), self.start)
+
     def contains_day(self, day: date) -> bool:
         lo = datetime(day.year, day.month, day.day, tzinfo=timezone.utc)
         return (self.end is None or lo < self.end) and (self.start is None or lo + timedelta(days=1) > self.start)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import logging
-from datetime import timedelta
 from pathlib import Path
 
 from tasks import storage
@@ -45,8 +44,7 @@ def check_production(settings, source, output_dir, window: Window, champion: str
     if window.start is None and reference is None:
         raise ValueError("the current window needs a start (the reference is the days before it), "
                          "or pass an explicit reference")
-    ref_window = Window(window.start - timedelta(days=settings.drift.reference_days), window.start) \
-        if window.start else Window()
+    ref_window = window.days_before(settings.drift.reference_days) if window.start else Window()
     current, current_summary = window_stats(source, out / "current", settings, window)
     ref, ref_summary = window_stats(reference or source, out / "reference", settings, ref_window)
     report = compare(ref, current, settings.drift)
