@@ -13,6 +13,7 @@ messages name the bucket and key only. Transient S3 errors are retried by botoco
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -116,6 +117,20 @@ def read_bytes(uri: str | Path, verify: bool = True) -> bytes:
         return f.read()
 
 
+@contextlib.contextmanager
+def _local_replace(path: Path) -> Iterator[BinaryIO]:
+    """A file written under a temporary name beside `path`, renamed over it only when complete."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            yield f
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
 def write_bytes(uri: str | Path, data: bytes) -> str:
     """Write atomically: a reader sees the old object or the whole new one, never a part."""
     uri = str(uri)
@@ -125,13 +140,9 @@ def write_bytes(uri: str | Path, data: bytes) -> str:
         s3_client().put_object(Bucket=bucket, Key=key, Body=data,
                                Metadata={SHA256_META: hashlib.sha256(data).hexdigest()})
         return uri
-    path = Path(uri)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "wb") as f:
+    with _local_replace(Path(uri)) as f:
         f.write(data)
-    os.replace(tmp, path)
-    return str(path)
+    return uri
 
 
 def upload_file(local: str | Path, uri: str) -> str:
@@ -139,15 +150,11 @@ def upload_file(local: str | Path, uri: str) -> str:
     until it completes: an interrupted upload leaves no partial object (botocore retries each part)."""
     local = Path(local)
     if not is_s3(uri):
-        target = Path(uri)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
-        os.close(fd)
         import shutil
 
-        shutil.copyfile(local, tmp)
-        os.replace(tmp, target)
-        return str(target)
+        with _local_replace(Path(uri)) as f, open(local, "rb") as src:
+            shutil.copyfileobj(src, f, 1 << 20)
+        return uri
     from boto3.s3.transfer import TransferConfig
 
     bucket, key = split_s3(uri)
