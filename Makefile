@@ -16,7 +16,7 @@ $(STAMP): requirements.txt requirements-test.txt
 	test -x $(VENV)/bin/python || $(PY) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 	# the CPU build first: a bare `torch` requirement would pull several GB of CUDA wheels
-	$(VENV)/bin/pip install -q torch==2.13.0
+	$(VENV)/bin/pip install -q torch==2.13.0+cpu
 	$(VENV)/bin/pip install -q -r requirements.txt -r requirements-test.txt
 	$(VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec triton || true
 	$(VENV)/bin/python -c "import torch, vllm, ray, transformers; print('venv ok: torch', torch.__version__, 'vllm', vllm.__version__, 'ray', ray.__version__)"

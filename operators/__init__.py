@@ -1,0 +1,1 @@
+"""Airflow operators, hooks and triggers for Evergreen's external systems (Ray, MLflow, KubeRay)."""
