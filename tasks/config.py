@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = PROJECT_ROOT / "include" / "config" / "pipeline.yaml"
@@ -167,8 +167,43 @@ class TrackingSettings(_Section):
 
 
 class RaySettings(_Section):
-    address: str | None = Field(None, description="existing cluster address; None starts a local one in-process")
+    address: str | None = Field(None, description="existing cluster address for drivers (`auto` inside a Ray job); "
+                                "None starts a local one in-process (the command line and tests)")
     num_cpus: int | None = Field(None, ge=1, description="logical CPUs of a local cluster (None: all cores)")
+    backend: Literal["local", "address", "kuberay"] = Field(
+        "local", description="how the Airflow DAG gets its cluster: `local` starts a head on this machine for the run "
+        "and stops it after; `address` uses the existing cluster at `address` (dashboard at `dashboard_url`); "
+        "`kuberay` creates a RayCluster from `kuberay_manifest` and deletes it after")
+    head_port: int = Field(6390, ge=1024, le=65535, description="GCS port of a `local` head")
+    dashboard_port: int = Field(8265, ge=1024, le=65535, description="dashboard / Jobs API port of a `local` head")
+    dashboard_url: str | None = Field(None, description="Jobs API of an `address` cluster, e.g. http://ray-head:8265")
+    kuberay_manifest: Path = Field(Path("include/deploy/kuberay/raycluster.yaml"), description="RayCluster template")
+    kuberay_namespace: str = Field("evergreen", description="namespace of the RayClusters the DAG creates")
+    kuberay_image: str | None = Field(None, description="image for every Ray container (None: the manifest's)")
+    job_timeout_s: int = Field(7200, ge=60, description="a Ray job (GRPO) that runs longer is stopped and fails")
+
+    @field_validator("kuberay_manifest")
+    @classmethod
+    def _anchor_manifest(cls, v: Path) -> Path:
+        return _in_project(v)
+
+    @model_validator(mode="after")
+    def _backend_needs(self):
+        if self.backend == "address" and not (self.address and self.dashboard_url):
+            raise ValueError("ray.backend=address needs ray.address (GCS, host:6379) and ray.dashboard_url "
+                             "(Jobs API, http://host:8265); set both, or use ray.backend=local")
+        return self
+
+
+class MonitorSettings(_Section):
+    traces: str = Field("runs/production/traces", description="where production traces land: a directory (relative "
+                        "to the project) or an s3:// prefix, partitioned date=YYYY-MM-DD/")
+    window_days: int = Field(1, ge=1, le=31, description="the current window: this many whole days before the run")
+
+    @field_validator("traces")
+    @classmethod
+    def _anchor_traces(cls, v: str) -> str:
+        return v if "://" in v else str(_in_project(Path(v)))
 
 
 class Settings(_Section):
@@ -186,6 +221,7 @@ class Settings(_Section):
     cost: CostSettings = CostSettings()
     tracking: TrackingSettings = TrackingSettings()
     ray: RaySettings = RaySettings()
+    monitor: MonitorSettings = MonitorSettings()
 
     @field_validator("run_dir")
     @classmethod
@@ -207,8 +243,11 @@ def _merge(base: dict, extra: dict) -> dict:
 def _env_overrides(environ) -> dict:
     """EVERGREEN_GRPO__STEPS=3 -> {"grpo": {"steps": "3"}} (pydantic converts the type)."""
     out: dict = {}
+    # top-level scalars (EVERGREEN_RUN_DIR) too; other EVERGREEN_ variables (EVERGREEN_CONFIG,
+    # EVERGREEN_S3_ENDPOINT_URL) are not settings fields and are left alone
+    top_level = {name.upper() for name, f in Settings.model_fields.items() if not isinstance(f.default, BaseModel)}
     for key, value in environ.items():
-        if not key.startswith(ENV_PREFIX) or "__" not in key:
+        if not key.startswith(ENV_PREFIX) or ("__" not in key and key[len(ENV_PREFIX):] not in top_level):
             continue
         path = key[len(ENV_PREFIX):].lower().split("__")
         node = out

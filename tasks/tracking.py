@@ -87,6 +87,29 @@ class Tracker:
                 self.log_params(settings.model_dump(mode="json"))
             yield run
 
+    def open_run(self, name: str, tags: dict[str, str] | None = None, settings=None) -> str:
+        """Start a pipeline run that later processes (Airflow tasks) add stages to; returns its id."""
+        with self.pipeline_run(name, tags=tags, settings=settings) as run:
+            run_id = run.info.run_id
+        self.mlflow.MlflowClient().update_run(run_id, status="RUNNING")  # open until finish()
+        return run_id
+
+    @contextlib.contextmanager
+    def stage_of(self, parent_run_id: str, name: str, tags: dict[str, str] | None = None) -> Iterator[Any]:
+        """A stage nested under a pipeline run opened by another process; the parent stays RUNNING."""
+        client = self.mlflow.MlflowClient()
+        with self.mlflow.start_run(run_id=parent_run_id):
+            with self.stage(name, tags) as run:
+                yield run
+        client.update_run(parent_run_id, status="RUNNING")  # leaving the block marked it FINISHED
+
+    def finish(self, run_id: str, status: str) -> None:
+        """End a pipeline run opened with open_run: FINISHED or FAILED."""
+        self.mlflow.MlflowClient().set_terminated(run_id, status)
+
+    def url_of(self, run_id: str) -> str:
+        return self.run_url(self.mlflow.get_run(run_id))
+
     @contextlib.contextmanager
     def stage(self, name: str, tags: dict[str, str] | None = None) -> Iterator[Any]:
         with self.mlflow.start_run(run_name=name, nested=True, tags={"evergreen.stage": name, **(tags or {})}) as run:

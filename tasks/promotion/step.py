@@ -21,20 +21,31 @@ from tasks.promotion.gate import decide
 log = logging.getLogger(__name__)
 
 
-def promotion_step(settings, comparisons: dict[str, dict], validations: dict[str, bool], stages: list[StageUsage],
-                   run_id: str, run_key: str, tracker=None, serving: ServingProjection | None = None,
-                   version_tags: dict | None = None) -> dict:
+def price_run(settings, comparisons: dict[str, dict], stages: list[StageUsage],
+              serving: ServingProjection | None = None) -> dict:
+    """The cost ledger of the run (tasks.promotion.cost.ledger) with the target's gain in points."""
+    gain_points = 100.0 * comparisons[settings.env.target_registry]["difference"]["mean"]
+    return ledger(stages, settings.cost, load_prices(settings.cost.prices_file), serving, gain_points)
+
+
+def judge(settings, comparisons: dict[str, dict], validations: dict[str, bool], cost: dict):
+    """The gate's Decision: the target registry's comparison is the target, every other one a guard."""
+    target_reg = settings.env.target_registry
+    guards = {f"registry_v{reg}": cmp for reg, cmp in comparisons.items() if reg != target_reg}
+    return decide(comparisons[target_reg], guards, validations, cost, settings.promotion)
+
+
+def apply_decision(settings, decision, cost: dict, comparisons: dict[str, dict], run_id: str, run_key: str,
+                   tracker=None, version_tags: dict | None = None) -> dict:
+    """Register the run's `model` artifact (once per run_key), make it `challenger`, then move the aliases
+    or record why not."""
+    from tasks.envs import get_env
     from tasks.promotion.registry import ModelRegistry
+    from tasks.signals.tools import schema_hash
 
     target_reg = settings.env.target_registry
     target = comparisons[target_reg]
-    guards = {f"registry_v{reg}": cmp for reg, cmp in comparisons.items() if reg != target_reg}
     gain_points = 100.0 * target["difference"]["mean"]
-    cost = ledger(stages, settings.cost, load_prices(settings.cost.prices_file), serving, gain_points)
-    decision = decide(target, guards, validations, cost, settings.promotion)
-    from tasks.envs import get_env
-    from tasks.signals.tools import schema_hash
-
     registry_hash = schema_hash(get_env(settings.env.name).load_registry(target_reg))
     registry = ModelRegistry(settings.promotion.model_name)
     version = registry.register(run_id, "model", run_key=run_key, tags={
@@ -60,3 +71,12 @@ def promotion_step(settings, comparisons: dict[str, dict], validations: dict[str
     log.info("promotion: %s (version %s): %s", "PROMOTED" if decision.promote else "not promoted", version,
              decision.summary)
     return result
+
+
+def promotion_step(settings, comparisons: dict[str, dict], validations: dict[str, bool], stages: list[StageUsage],
+                   run_id: str, run_key: str, tracker=None, serving: ServingProjection | None = None,
+                   version_tags: dict | None = None) -> dict:
+    """All three in one process (the command-line demo); the Airflow DAG runs them as separate tasks."""
+    cost = price_run(settings, comparisons, stages, serving)
+    decision = judge(settings, comparisons, validations, cost)
+    return apply_decision(settings, decision, cost, comparisons, run_id, run_key, tracker, version_tags)

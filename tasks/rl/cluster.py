@@ -76,8 +76,11 @@ def start_local_head(temp_dir: str | Path, port: int = 6390, num_cpus: int | Non
         raise ValueError(f"Ray temp dir {temp_dir!r} is too long: its unix sockets must stay under 107 characters; "
                          "use a short path such as /tmp/eg-ray-<run>")
     Path(temp_dir).mkdir(parents=True, exist_ok=True)
-    # Ray 2.60 clusters require a token; this head gets its own, readable only by us
-    token_path = Path(temp_dir) / "auth_token"
+    # Ray 2.60 clusters require a token; this head gets its own, readable only by us. A process that
+    # already holds one (RAY_AUTH_TOKEN_PATH) keeps it: Ray reads the token once, at import, so every head
+    # this process drives must share it
+    held = os.environ.get("RAY_AUTH_TOKEN_PATH") if os.environ.get("RAY_AUTH_MODE") == "token" else None
+    token_path = Path(held) if held and Path(held).exists() else Path(temp_dir) / "auth_token"
     if not token_path.exists():
         token_path.write_text(secrets.token_hex(32))
         token_path.chmod(0o600)

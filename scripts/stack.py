@@ -1,0 +1,342 @@
+"""The local Evergreen stack: MLflow server + Airflow (api-server, scheduler, dag-processor, triggerer).
+
+    python scripts/stack.py up            # start, print the login once, keep running until Ctrl-C (make up)
+    python scripts/stack.py down          # stop a stack started in the background (by its pid file)
+
+    from scripts.stack import Stack       # tests and scripts/demo.py
+    with Stack(home=Path(".stack")) as stack:
+        stack.client().trigger("bootstrap_champion", conf={})
+
+Everything lives under `home` (default `.stack/`): the Airflow home (SQLite metadata, logs, the generated
+password of the single admin user `evergreen`), the MLflow store (SQLite + artifacts) and each process's
+log. Servers bind 127.0.0.1. The stack is stopped through its own process groups, never by name: another
+person's Airflow on this machine is left alone. Ray is not started here: the DAG's cluster-setup task
+starts a head for each run and its teardown stops it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PROJECT = Path(__file__).resolve().parents[1]
+USER = "evergreen"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _port_busy(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+class ApiClient:
+    """Airflow REST API v2 with a token from POST /auth/token (the simple auth manager)."""
+
+    def __init__(self, base_url: str, username: str, password: str):
+        self.base_url, self.username, self.password = base_url.rstrip("/"), username, password
+        self._token: str | None = None
+
+    def token(self) -> str:
+        if self._token is None:
+            body = self._raw("POST", "/auth/token", {"username": self.username, "password": self.password}, auth=False)
+            self._token = body["access_token"]
+        return self._token
+
+    def _raw(self, method: str, path: str, payload=None, auth: bool = True, text: bool = False):
+        data = json.dumps(payload).encode() if payload is not None else None
+        req = urllib.request.Request(self.base_url + path, data=data, method=method,
+                                     headers={"Content-Type": "application/json", "Accept": "application/json"})
+        if auth:
+            req.add_header("Authorization", f"Bearer {self.token()}")
+        try:
+            with urllib.request.urlopen(req, timeout=60) as resp:
+                raw = resp.read().decode()
+        except urllib.error.HTTPError as e:
+            detail = e.read().decode(errors="replace")[:1000]
+            raise RuntimeError(f"{method} {path}: HTTP {e.code}: {detail}") from None
+        if text:
+            return raw
+        return json.loads(raw) if raw else {}
+
+    def get(self, path: str):
+        return self._raw("GET", path)
+
+    def post(self, path: str, payload: dict):
+        return self._raw("POST", path, payload)
+
+    def patch(self, path: str, payload: dict):
+        return self._raw("PATCH", path, payload)
+
+    # the calls the demo and the tests make ---------------------------------------------------------
+    def wait_for_dags(self, dag_ids: list[str], timeout: float = 180) -> None:
+        deadline = time.time() + timeout
+        while True:
+            found = {d["dag_id"] for d in self.get("/api/v2/dags?limit=100")["dags"]}
+            if set(dag_ids) <= found:
+                return
+            if time.time() > deadline:
+                errors = self.get("/api/v2/importErrors").get("import_errors", [])
+                raise TimeoutError(f"DAGs {sorted(set(dag_ids) - found)} not parsed after {timeout}s; "
+                                   f"import errors: {json.dumps(errors)[:2000]}")
+            time.sleep(2)
+
+    def unpause(self, dag_id: str) -> None:
+        self.patch(f"/api/v2/dags/{dag_id}", {"is_paused": False})
+
+    def trigger(self, dag_id: str, conf: dict | None = None) -> str:
+        run = self.post(f"/api/v2/dags/{dag_id}/dagRuns", {"logical_date": None, "conf": conf or {}})
+        return run["dag_run_id"]
+
+    def asset_id(self, name: str) -> int:
+        for asset in self.get(f"/api/v2/assets?name_pattern={name}&limit=100")["assets"]:
+            if asset["name"] == name:
+                return asset["id"]
+        raise LookupError(f"asset {name!r} is not registered: is the DAG that declares it parsed?")
+
+    def post_asset_event(self, name: str, extra: dict) -> dict:
+        return self.post("/api/v2/assets/events", {"asset_id": self.asset_id(name), "extra": extra})
+
+    def runs(self, dag_id: str) -> list[dict]:
+        return self.get(f"/api/v2/dags/{dag_id}/dagRuns?order_by=-start_date&limit=50")["dag_runs"]
+
+    def wait_for_run(self, dag_id: str, run_id: str | None = None, timeout: float = 1800, after: str | None = None,
+                     progress=print) -> dict:
+        """Wait until the run (or the first run of the DAG that starts after `after`, an ISO time) ends."""
+        deadline, last = time.time() + timeout, None
+        while time.time() < deadline:
+            run = None
+            if run_id:
+                run = self.get(f"/api/v2/dags/{dag_id}/dagRuns/{run_id}")
+            else:
+                runs = [r for r in self.runs(dag_id) if not after or (r.get("queued_at") or "") >= after]
+                run = runs[-1] if runs else None
+            if run:
+                tis = self.get(f"/api/v2/dags/{dag_id}/dagRuns/{run['dag_run_id']}/taskInstances?limit=100")
+                running = sorted(t["task_id"] + (f"[{t['map_index']}]" if t.get("map_index", -1) >= 0 else "")
+                                 for t in tis["task_instances"] if t["state"] in ("running", "deferred", "queued"))
+                line = f"{dag_id}: {run['state']}" + (f" ({', '.join(running)})" if running else "")
+                if line != last:
+                    progress(f"  [{time.strftime('%H:%M:%S')}] {line}")
+                    last = line
+                if run["state"] in ("success", "failed"):
+                    return run
+            time.sleep(3)
+        raise TimeoutError(f"{dag_id} run {run_id or '(next)'} did not finish in {timeout}s")
+
+    def task_log(self, dag_id: str, run_id: str, task_id: str, try_number: int = 1, map_index: int = -1) -> str:
+        path = f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/logs/{try_number}?full_content=true"
+        if map_index >= 0:
+            path += f"&map_index={map_index}"
+        body = self._raw("GET", path)
+        content = body.get("content", body)
+        if isinstance(content, list):
+            return "\n".join(c.get("event", json.dumps(c)) if isinstance(c, dict) else str(c) for c in content)
+        return str(content)
+
+
+@dataclass
+class Stack:
+    home: Path = PROJECT / ".stack"
+    api_port: int = 8080
+    mlflow_port: int = 5000
+    ray_head_port: int = 6390
+    ray_dashboard_port: int = 8265
+    env_extra: dict = field(default_factory=dict)  # EVERGREEN_* settings for every task of this stack
+    procs: dict = field(default_factory=dict)
+
+    @property
+    def api_url(self) -> str:
+        return f"http://127.0.0.1:{self.api_port}"
+
+    @property
+    def mlflow_url(self) -> str:
+        return f"http://127.0.0.1:{self.mlflow_port}"
+
+    @property
+    def airflow_home(self) -> Path:
+        return self.home / "airflow"
+
+    @property
+    def runs_root(self) -> Path:
+        return Path(self.env()["EVERGREEN_RUN_DIR"])
+
+    def env(self) -> dict:
+        venv_bin = str(Path(sys.executable).parent)
+        env = {
+            **os.environ,
+            "PATH": venv_bin + os.pathsep + os.environ.get("PATH", ""),
+            "PYTHONPATH": str(PROJECT),
+            "AIRFLOW_HOME": str(self.airflow_home),
+            "AIRFLOW__CORE__DAGS_FOLDER": str(PROJECT / "dags"),
+            "AIRFLOW__CORE__PLUGINS_FOLDER": str(PROJECT / "plugins"),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+            "AIRFLOW__CORE__PARALLELISM": "4",
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{self.airflow_home / 'airflow.db'}",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{USER}:admin",
+            "AIRFLOW__API__HOST": "127.0.0.1",
+            "AIRFLOW__API__PORT": str(self.api_port),
+            "AIRFLOW__API__BASE_URL": self.api_url,
+            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.api_url}/execution/",
+            # training tasks outlive the default token (apache/airflow#67939); GRPO itself runs as a Ray job
+            "AIRFLOW__EXECUTION_API__JWT_EXPIRATION_TIME": "7200",
+            "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "10",
+            "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK": "False",
+            "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
+            "MLFLOW_TRACKING_URI": self.mlflow_url,
+            "EVERGREEN_TRACKING__URI": self.mlflow_url,
+            "EVERGREEN_RUN_DIR": str(self.home / "runs"),
+            "EVERGREEN_MONITOR__TRACES": str(self.home / "runs" / "production" / "traces"),
+            "EVERGREEN_RAY__HEAD_PORT": str(self.ray_head_port),
+            "EVERGREEN_RAY__DASHBOARD_PORT": str(self.ray_dashboard_port),
+            "RAY_USAGE_STATS_ENABLED": "0",
+            "RAY_TRAIN_V2_ENABLED": "1",
+            "PYTHONWARNINGS": "ignore::FutureWarning,ignore::DeprecationWarning",
+            "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost",
+        }
+        env.update({k: str(v) for k, v in self.env_extra.items()})
+        return env
+
+    def password(self) -> str:
+        path = self.airflow_home / "simple_auth_manager_passwords.json.generated"
+        deadline = time.time() + 60
+        while not path.exists() and time.time() < deadline:
+            time.sleep(1)
+        return json.loads(path.read_text())[USER]
+
+    def client(self) -> ApiClient:
+        return ApiClient(self.api_url, USER, self.password())
+
+    def _spawn(self, name: str, cmd: list[str]) -> None:
+        log = open(self.home / "logs" / f"{name}.log", "ab")
+        # its own session: stopping the stack signals the whole group (gunicorn / executor children too)
+        self.procs[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env(),
+                                            cwd=PROJECT, start_new_session=True)
+        (self.home / "pids").mkdir(exist_ok=True)
+        (self.home / "pids" / f"{name}.pid").write_text(str(self.procs[name].pid))
+
+    def _wait_http(self, name: str, url: str, timeout: float) -> None:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            proc = self.procs[name]
+            if proc.poll() is not None:
+                tail = (self.home / "logs" / f"{name}.log").read_text(errors="replace")[-3000:]
+                raise RuntimeError(f"{name} exited with {proc.returncode} while starting; its log ends:\n{tail}")
+            try:
+                with urllib.request.urlopen(url, timeout=5):
+                    return
+            except (urllib.error.URLError, OSError):
+                time.sleep(1)
+        raise TimeoutError(f"{name} not answering {url} after {timeout}s; see {self.home / 'logs' / (name + '.log')}")
+
+    def start(self, progress=print) -> "Stack":
+        for port, what in ((self.api_port, "Airflow api-server"), (self.mlflow_port, "MLflow")):
+            if _port_busy(port):
+                raise RuntimeError(f"port {port} for {what} is taken: stop whatever listens there "
+                                   f"(`python scripts/stack.py down` if it is a stack left running)")
+        (self.home / "logs").mkdir(parents=True, exist_ok=True)
+        self.airflow_home.mkdir(parents=True, exist_ok=True)
+        (self.home / "mlflow").mkdir(exist_ok=True)
+        t0 = time.time()
+        bin_dir = Path(sys.executable).parent
+        self._spawn("mlflow", [str(bin_dir / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(self.mlflow_port),
+                               "--workers", "1", "--backend-store-uri", f"sqlite:///{self.home / 'mlflow' / 'mlflow.db'}",
+                               "--artifacts-destination", str(self.home / "mlflow" / "artifacts")])
+        migrate = subprocess.run([str(bin_dir / "airflow"), "db", "migrate"], env=self.env(), cwd=PROJECT,
+                                 capture_output=True, text=True)
+        if migrate.returncode != 0:
+            raise RuntimeError(f"airflow db migrate failed:\n{migrate.stdout[-2000:]}\n{migrate.stderr[-3000:]}")
+        for component in ("api-server", "scheduler", "dag-processor", "triggerer"):
+            cmd = [str(bin_dir / "airflow"), component]
+            if component == "api-server":
+                cmd += ["--host", "127.0.0.1", "--port", str(self.api_port)]
+            self._spawn(component, cmd)
+        self._wait_http("mlflow", f"{self.mlflow_url}/health", 120)
+        self._wait_http("api-server", f"{self.api_url}/api/v2/monitor/health", 180)
+        progress(f"stack up in {time.time() - t0:.0f}s: Airflow {self.api_url}, MLflow {self.mlflow_url} "
+                 f"(logs in {self.home / 'logs'})")
+        return self
+
+    def stop(self, progress=print) -> None:
+        pids = {name: p.pid for name, p in self.procs.items()}
+        if not pids and (self.home / "pids").exists():
+            pids = {f.stem: int(f.read_text()) for f in (self.home / "pids").glob("*.pid")}
+        for name, pid in pids.items():
+            try:
+                os.killpg(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                continue
+        deadline = time.time() + 30
+        for name, pid in pids.items():
+            while time.time() < deadline:
+                try:
+                    os.killpg(pid, 0)
+                except ProcessLookupError:
+                    break
+                time.sleep(0.5)
+            else:
+                try:
+                    os.killpg(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            (self.home / "pids" / f"{name}.pid").unlink(missing_ok=True)
+        self.procs = {}
+        progress(f"stack stopped ({', '.join(pids) or 'nothing was running'})")
+
+    def __enter__(self) -> "Stack":
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("command", choices=["up", "down"])
+    parser.add_argument("--home", default=str(PROJECT / ".stack"))
+    args = parser.parse_args(argv)
+    stack = Stack(home=Path(args.home))
+    if args.command == "down":
+        stack.stop()
+        return 0
+    stack.start()
+    client = stack.client()
+    client.wait_for_dags(["continuous_post_training", "drift_monitor", "bootstrap_champion", "rollback"])
+    for dag_id in ("continuous_post_training", "drift_monitor", "bootstrap_champion", "rollback", "simulate_production"):
+        client.unpause(dag_id)  # a watcher on a paused DAG misses its events
+    print(f"\nAirflow UI: {stack.api_url}  (user {USER}, password {stack.password()})\n"
+          f"Evergreen page: {stack.api_url}/evergreen/\nMLflow UI: {stack.mlflow_url}\n"
+          f"Ray dashboard (while a run holds a cluster): http://127.0.0.1:{stack.ray_dashboard_port}\n"
+          "Ctrl-C stops everything.", flush=True)
+    try:
+        while all(p.poll() is None for p in stack.procs.values()):
+            time.sleep(2)
+        dead = [n for n, p in stack.procs.items() if p.poll() is not None]
+        print(f"{dead} exited; see {stack.home / 'logs'}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        stack.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

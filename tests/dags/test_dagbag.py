@@ -1,0 +1,71 @@
+"""Every DAG loads, parses fast, imports nothing heavy at top level, and carries docs, tags, an owner and
+retries (the conventions in ../shared/ARCHITECTURE.md)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.dags.conftest import DAGS, PROJECT
+
+EXPECTED = {"continuous_post_training", "drift_monitor", "bootstrap_champion", "rollback", "simulate_production"}
+HEAVY = ("torch", "ray", "vllm", "mlflow", "great_expectations", "transformers", "pandas")
+
+
+@pytest.fixture(scope="module")
+def dagbag():
+    from airflow.dag_processing.dagbag import DagBag
+
+    return DagBag(dag_folder=str(DAGS))
+
+
+def test_every_dag_loads_without_import_errors(dagbag):
+    assert dagbag.import_errors == {}, dagbag.import_errors
+    assert set(dagbag.dag_ids) == EXPECTED
+    for path in DAGS.glob("*.py"):  # one DAG per file, DAG id = file name
+        assert path.stem in dagbag.dag_ids, f"{path.name} defines no DAG named {path.stem}"
+
+
+def test_every_dag_has_docs_tags_owner_and_retries(dagbag):
+    for dag_id in EXPECTED:
+        dag = dagbag.dags[dag_id]
+        assert dag.doc_md and len(dag.doc_md) > 200, f"{dag_id}: doc_md missing or thin"
+        assert "evergreen" in dag.tags and len(dag.tags) >= 2, dag_id
+        for t in dag.tasks:
+            assert t.owner == "evergreen", f"{dag_id}.{t.task_id} owner {t.owner!r}"
+            assert t.retries is not None, f"{dag_id}.{t.task_id} has no retries setting"
+        assert any(t.retries > 0 for t in dag.tasks), f"{dag_id}: no task retries at all"
+        assert dag.max_active_runs == 1, dag_id
+
+
+@pytest.mark.parametrize("dag_file", sorted(p.name for p in DAGS.glob("*.py")))
+def test_dag_file_imports_nothing_heavy_at_top_level(dag_file):
+    code = ("import runpy, sys, json; runpy.run_path(sys.argv[1]); "
+            f"print(json.dumps(sorted(m for m in {HEAVY!r} if m in sys.modules)))")
+    proc = subprocess.run([sys.executable, "-c", code, str(DAGS / dag_file)], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(PROJECT)}, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    heavy = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert heavy == [], f"{dag_file} imports {heavy} at parse time: move the import into the task body"
+
+
+def test_each_dag_file_parses_within_300ms(airflow_db):
+    """`airflow dags report` is Airflow's own parse timing (the dag-processor's figure)."""
+    proc = subprocess.run([str(Path(sys.executable).with_name("airflow")), "dags", "report", "-o", "json"], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(PROJECT)}, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads(proc.stdout[proc.stdout.index("[{"):])  # warnings may precede the JSON
+    seen = {}
+    for row in rows:
+        duration = row["duration"]
+        seconds = float(duration) if not isinstance(duration, str) or ":" not in duration else \
+            sum(float(x) * 60 ** i for i, x in enumerate(reversed(duration.split(":"))))
+        seen[os.path.basename(row["file"]).removesuffix(".py")] = seconds
+    assert set(seen) == EXPECTED, seen
+    slow = {k: v for k, v in seen.items() if v > 0.3}
+    assert not slow, f"DAG files slower than 0.3 s to parse: {slow} (all: {seen})"
+
