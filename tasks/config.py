@@ -138,12 +138,14 @@ class PromotionSettings(_Section):
     model_name: str = Field("evergreen-agent", description="MLflow registered model name")
     metric: Literal["greedy_success", "sampled_success"] = Field(
         "greedy_success", description="eval column the gate judges (greedy = how the model is served)")
-    min_gain: float = Field(0.05, ge=0, lt=1, description="the lower 95% bound of the target workload's success "
-                            "difference (challenger - champion, absolute) must reach this")
+    min_gain: float = Field(0.05, gt=-1, lt=1, description="the lower 95% bound of the target workload's success "
+                            "difference (challenger - champion, absolute) must reach this; a negative value is a "
+                            "non-inferiority margin (ship a challenger that is at worst this much worse)")
     guard_tolerance: float = Field(0.10, ge=0, lt=1, description="non-inferiority margin of each guard workload: the "
                                    "lower bound of its difference must stay above -guard_tolerance")
     min_gain_per_dollar: float = Field(1.0, ge=0, description="success points gained on the target (point estimate, "
-                                       "in percentage points) per dollar of total cost (run + projected serving change)")
+                                       "in percentage points) per dollar of total cost (run + projected serving change); "
+                                       "0 disables the check")
 
 
 class CostSettings(_Section):

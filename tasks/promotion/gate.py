@@ -16,7 +16,8 @@ Promote only if every check passes (all are listed in `checks`, passed or not, w
   guard:<name>      lower bound of each guard workload's difference >= -guard_tolerance (non-inferiority by
                     interval: a guard measured on too few tasks to exclude a large regression blocks, even
                     with a zero mean)
-  gain_per_dollar   (target difference mean x 100 points) / cost["total_usd"] >= min_gain_per_dollar. The mean,
+  gain_per_dollar   (target difference mean x 100 points) / cost["total_usd"] >= min_gain_per_dollar (0 disables
+                    the check: a policy that does not price the gain). The mean,
                     not the bound, because this prices the expected gain (the bound is already required to clear
                     min_gain). A mean <= 0 fails outright (nothing to pay for); a total of $0 with a positive
                     gain is treated as infinite and the reason says so (observed is None: JSON has no inf).
@@ -119,7 +120,14 @@ def decide(target: dict, guards: dict[str, dict], validations: dict[str, bool], 
             **d))
 
     gain_points = t["mean"] * 100
-    if gain_points <= 0:
+    if settings.min_gain_per_dollar == 0:
+        # the policy does not price the gain (e.g. "ship whatever handles the new tools, if no worse");
+        # the figure is still reported
+        gpd = gain_points / total if total > 0 else None
+        ok = True
+        reason = (f"gain per dollar not required (min_gain_per_dollar=0); observed "
+                  f"{'n/a' if gpd is None else f'{gpd:.4g} pts/$'} for {gain_points:+.2f} pts")
+    elif gain_points <= 0:
         gpd, ok = (gain_points / total if total > 0 else None), False
         reason = (f"no estimated gain ({gain_points:+.2f} pts mean) to pay ${total:.2f} for; "
                   f"gain per dollar must reach {settings.min_gain_per_dollar:g} pts/$")

@@ -211,3 +211,17 @@ def test_malformed_inputs_raise(change, match):
     change(inputs)
     with pytest.raises(ValueError, match=match):
         decide(**inputs)
+
+
+def test_non_inferiority_policy_ships_an_equal_challenger_only_when_configured():
+    """min_gain < 0 with min_gain_per_dollar = 0: "ship what handles the new tools if it is no worse"."""
+    same = comparison(solved(100, 60), solved(100, 60))
+    inputs = {**passing_inputs(), "target": same}
+    held = decide(**inputs)
+    assert not held.promote and set(failed(held)) == {"target_gain", "gain_per_dollar"}
+    lenient = decide(**{**inputs, "settings": settings(min_gain=-0.2, min_gain_per_dollar=0.0)})
+    assert lenient.promote, lenient.reasons
+    check = next(c for c in lenient.checks if c["name"] == "gain_per_dollar")
+    assert "not required" in check["reason"]
+    worse = comparison(solved(100, 30), solved(100, 60))  # -30 pts: beyond a 20-pt margin
+    assert not decide(**{**inputs, "target": worse, "settings": settings(min_gain=-0.2, min_gain_per_dollar=0.0)}).promote
