@@ -34,8 +34,9 @@ def local_temp_dir(run_key: str) -> str:
 
 
 def kuberay_name(run_key: str) -> str:
-    slug = re.sub(r"[^a-z0-9-]+", "-", run_key.lower()).strip("-")[:40].strip("-")
-    return f"evergreen-{slug}-{_run_hash(run_key)}"[:63].rstrip("-")
+    # KubeRay refuses RayCluster names over 53 characters (MaxRayClusterNameLength): 10 + 34 + 1 + 8
+    slug = re.sub(r"[^a-z0-9-]+", "-", run_key.lower()).strip("-")[:34].strip("-")
+    return f"evergreen-{slug}-{_run_hash(run_key)}"
 
 
 class RayClusterOperator(BaseOperator):
