@@ -211,7 +211,13 @@ class Stack:
         env.update({k: str(v) for k, v in self.env_extra.items()})
         return env
 
+    @property
+    def username(self) -> str:
+        return USER
+
+    @property
     def password(self) -> str:
+        """The generated password of the admin user (the simple auth manager writes it at first start)."""
         path = self.airflow_home / "simple_auth_manager_passwords.json.generated"
         deadline = time.time() + 60
         while not path.exists() and time.time() < deadline:
@@ -219,7 +225,7 @@ class Stack:
         return json.loads(path.read_text())[USER]
 
     def client(self) -> ApiClient:
-        return ApiClient(self.api_url, USER, self.password())
+        return ApiClient(self.api_url, USER, self.password)
 
     def _spawn(self, name: str, cmd: list[str]) -> None:
         log = open(self.home / "logs" / f"{name}.log", "ab")
@@ -322,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     client.wait_for_dags(["continuous_post_training", "drift_monitor", "bootstrap_champion", "rollback"])
     for dag_id in ("continuous_post_training", "drift_monitor", "bootstrap_champion", "rollback", "simulate_production"):
         client.unpause(dag_id)  # a watcher on a paused DAG misses its events
-    print(f"\nAirflow UI: {stack.api_url}  (user {USER}, password {stack.password()})\n"
+    print(f"\nAirflow UI: {stack.api_url}  (user {USER}, password {stack.password})\n"
           f"Evergreen page: {stack.api_url}/evergreen/\nMLflow UI: {stack.mlflow_url}\n"
           f"Ray dashboard (while a run holds a cluster): http://127.0.0.1:{stack.ray_dashboard_port}\n"
           "Ctrl-C stops everything.", flush=True)

@@ -616,8 +616,14 @@ def rollback(settings, run_key: str, confirm: bool, reason: str) -> dict:
 
 def simulate_production(settings, days: int = 2, change: bool = True) -> dict:
     """The demo's production: `days` past days of champion traffic (through vLLM), the tool registry
-    switching to the target at midnight before the last day when `change`."""
-    from tasks.signals.simulate import simulate_traces
+    switching to the target at midnight before the last day when `change`.
+
+    The engine runs in a process of its own (`python -m tasks simulate`): when vLLM builds an engine it scans
+    every loaded module, and trips over the unbound Flask proxies an Airflow worker has imported."""
+    import subprocess
+    import tempfile
+
+    import yaml
 
     _tracker(settings)
     from tasks.policy.model import resolve_model_dir
@@ -627,11 +633,35 @@ def simulate_production(settings, days: int = 2, change: bool = True) -> dict:
                                  cache_dir=out.parent / "champion")
     today = last_full_days(1).end
     start = today - timedelta(days=days)
-    schedule = [(start, settings.env.champion_registry)]
-    if change:
-        schedule.append((today - timedelta(days=1), settings.env.target_registry))
-    manifest = simulate_traces(out, start, today, settings.simulate.traces, schedule, policy=str(champion),
-                               settings=settings, malformed_share=settings.simulate.malformed_share,
-                               seed=settings.grpo.seed)
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", prefix="evergreen-settings-") as cfg:
+        yaml.safe_dump(settings.model_dump(mode="json"), cfg)
+        cfg.flush()
+        cmd = [sys.executable, "-m", "tasks", "--config", cfg.name, "simulate", "--out", str(out),
+               "--start", start.isoformat(), "--end", today.isoformat(), "--traces", str(settings.simulate.traces),
+               "--from-registry", settings.env.champion_registry, "--to-registry", settings.env.target_registry,
+               "--policy", str(champion), "--malformed-share", str(settings.simulate.malformed_share),
+               "--seed", str(settings.grpo.seed)]
+        if change:
+            cmd += ["--change-at", (today - timedelta(days=1)).isoformat()]
+        log.info("simulating production: %s", shlex.join(cmd))
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                env=_child_env())
+        lines = []
+        for line in proc.stdout:  # progress into this task's log as it happens
+            lines.append(line.rstrip())
+            log.info("[simulate] %s", line.rstrip()[:500])
+        if proc.wait() != 0:
+            raise RuntimeError(f"simulation failed ({proc.returncode}): " + "\n".join(lines[-20:]))
+    manifest = json.loads(next(line for line in reversed(lines) if line.startswith("{")))
     return {"traces": str(out), "days": days, "change": change,
             **{k: v for k, v in manifest.items() if isinstance(v, (int, float, str))}}
+
+
+def _child_env() -> dict:
+    import os
+
+    from tasks.config import PROJECT_ROOT
+
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")]))
+    return env

@@ -23,6 +23,16 @@ AIRFLOW_ENV = {
 }
 os.environ.update(AIRFLOW_ENV)
 
+# Ray reads its auth mode and token once, when first imported: every head this process starts (one per
+# DAG run) shares this token (tasks.rl.cluster.start_local_head keeps a token the process holds)
+if not os.environ.get("RAY_AUTH_TOKEN_PATH"):
+    import secrets
+
+    _token = AIRFLOW_HOME / "ray_auth_token"
+    _token.write_text(secrets.token_hex(32))
+    _token.chmod(0o600)
+    os.environ.update({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(_token)})
+
 
 @pytest.fixture(scope="session")
 def airflow_db():

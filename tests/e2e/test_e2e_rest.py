@@ -1,0 +1,60 @@
+"""End to end on the real local stack: a REST asset event trains and promotes; an injected training
+failure fails the run, still tears the Ray cluster down, and says why in the task log.
+
+    python -m pytest -q tests/e2e          # about 10 minutes on 2 cores (stack, bootstrap, two runs)
+"""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from operators.ray_cluster import local_temp_dir
+from tasks.rl.cluster import LocalHead
+
+pytestmark = [pytest.mark.e2e, pytest.mark.integration]
+DAG = "continuous_post_training"
+
+
+def _states(client, run_id: str) -> dict:
+    tis = client.get(f"/api/v2/dags/{DAG}/dagRuns/{run_id}/taskInstances?limit=100")["task_instances"]
+    return {t["task_id"] + (f"[{t['map_index']}]" if t.get("map_index", -1) >= 0 else ""): t["state"] for t in tis}
+
+
+def _ray_pids(run_id: str) -> list[int]:
+    return LocalHead("", local_temp_dir(f"{DAG}/{run_id}"), None, {}).pids()
+
+
+def test_rest_asset_event_trains_promotes_and_leaves_no_ray_process(airflow_stack, finished_run):
+    client = airflow_stack.client()
+    run_id = finished_run["dag_run_id"]
+    assert finished_run["airflow_state"] == "success", _states(client, run_id)
+    assert finished_run["trigger"]["kind"] == "asset"
+    assert any(e["extra"].get("summary") == "e2e: REST asset event" for e in finished_run["trigger"]["asset_events"])
+    assert finished_run["status"] == "promoted", finished_run["promotion"]
+
+    from mlflow import MlflowClient
+
+    model = MlflowClient(tracking_uri=airflow_stack.mlflow_url).get_registered_model("evergreen-agent")
+    assert model.aliases["champion"] == finished_run["promotion"]["version"] != "1", model.aliases
+    assert model.aliases["previous"] == "1"
+    assert _ray_pids(run_id) == []
+    states = _states(client, run_id)
+    assert states["ray_cluster_teardown"] == "success" and states["grpo_update"] == "success", states
+
+
+def test_injected_training_failure_tears_down_and_says_why(airflow_stack, finished_run):
+    client = airflow_stack.client()
+    run_id = client.trigger(DAG, {"force": True, "fail_training_at_step": 1})
+    run = client.wait_for_run(DAG, run_id, timeout=1200)
+    states = _states(client, run_id)
+    assert run["state"] == "failed", states
+    assert states["grpo_update"] == "failed", states
+    assert states["ray_cluster_teardown"] == "success", states
+    assert states["summarize"] == "success", states
+    assert _ray_pids(run_id) == []
+    log = client.task_log(DAG, run_id, "grpo_update")
+    assert "injected failure at GRPO step 1" in log, log[-3000:]
+    model_aliases = __import__("mlflow").MlflowClient(tracking_uri=airflow_stack.mlflow_url) \
+        .get_registered_model("evergreen-agent").aliases
+    assert model_aliases["champion"] == finished_run["promotion"]["version"], "a failed run must not move the alias"
