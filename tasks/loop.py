@@ -43,7 +43,7 @@ class RunDir:
 
     @classmethod
     def for_run(cls, settings, dag_id: str, run_id: str) -> "RunDir":
-        safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", run_id).strip("_") or "run"
+        safe = re.sub(r"\.\.+", "_", re.sub(r"[^A-Za-z0-9_.-]+", "_", run_id)).strip("_.") or "run"
         path = Path(settings.run_dir).resolve() / dag_id / safe
         path.mkdir(parents=True, exist_ok=True)
         return cls(path, dag_id, run_id)
@@ -119,7 +119,12 @@ def validate_data(settings, rd: RunDir, window: str | None = None) -> dict:
 
     t0 = time.time()
     win = Window.parse(window) if window else last_full_days(settings.monitor.window_days)
-    champion = champion_dir(settings, rd)
+    try:
+        champion = champion_dir(settings, rd)
+    except RuntimeError as e:  # nothing to train from: the skip path says so (a scheduled run before bootstrap)
+        return _nothing_to_do(rd, win, str(e), no_champion=True)
+    if not _has_traces(settings.monitor.traces, win):
+        return _nothing_to_do(rd, win, f"no production traces for {win} under {settings.monitor.traces}")
     verdict = check_production(settings, settings.monitor.traces, rd.path / "signals" / "monitor", win,
                                champion=champion, registry=settings.env.target_registry)
     rd.write(verdict, "signals.json")
@@ -129,9 +134,19 @@ def validate_data(settings, rd: RunDir, window: str | None = None) -> dict:
     return {k: verdict[k] for k in ("retrain", "reasons", "summary", "window", "rows", "data_validation")}
 
 
+def _nothing_to_do(rd: RunDir, window, why: str, no_champion: bool = False) -> dict:
+    verdict = {"retrain": False, "reasons": [], "summary": why, "window": str(window), "rows": {"current": 0},
+               "data_validation": "no data", "no_champion": no_champion}
+    rd.write(verdict, "signals.json")
+    log.warning("validate_data: %s", why)
+    return verdict
+
+
 def should_train(verdict: dict, trigger: dict, force: bool = False) -> tuple[bool, str]:
     """Train when forced, when the data shows drift or a breaking tool change, or when an event asked for it
     and there is data to learn from. Pure."""
+    if verdict.get("no_champion"):
+        return False, verdict["summary"]
     if force:
         return True, "forced by the `force` param"
     if verdict.get("retrain"):
