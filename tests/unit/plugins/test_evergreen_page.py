@@ -1,0 +1,334 @@
+"""The Evergreen page and plugin: summaries on a temporary runs_root, served through FastAPI's TestClient.
+
+    PYTHONPATH=. python -m pytest -q tests/unit/plugins/test_evergreen_page.py
+
+The last two tests start a Python subprocess each (a clean sys.modules, their own AIRFLOW_HOME): one
+checks that importing the plugin pulls in no heavy library, one that airflow.plugins_manager loads it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+from fastapi import HTTPException
+from fastapi.testclient import TestClient
+
+from plugins import evergreen_page as page
+
+REPO = Path(__file__).resolve().parents[3]
+PLUGINS = REPO / "plugins"
+XSS = "<script>alert('x')</script>"
+
+
+def _iv(mean: float, half: float = 0.05) -> dict:
+    return {"mean": mean, "low": mean - half, "high": mean + half}
+
+
+def _summary(run_id: str, started: str, status: str, **extra) -> dict:
+    champ, chall = 0.41, 0.78 if status == "promoted" else 0.44
+    s = {
+        "dag_id": "continuous_post_training", "run_id": run_id, "started_at": started,
+        "finished_at": started.replace("T03:", "T04:"), "status": status,
+        "trigger": {"kind": "asset", "asset_events": [{"uri": "evergreen://signals/retrain_request",
+                                                       "extra": {"reasons": ["success dropped on desk"]}}]},
+        "signals": {"retrain": True, "reasons": ["tool registry changed"], "summary": "drift on desk",
+                    "window": "2026-12-02",
+                    "drift": [{"workload": "desk", "statistic": "success_rate", "effect": -0.31,
+                               "p_adjusted": 1e-9, "significant": True}],
+                    "tooldiff": {"breaking": 3, "changes": ["get_weather: temperature now in kelvin"]}},
+        "target_registry": "2", "guard_registries": ["1"],
+        "greedy": {"2": {"champion": _iv(champ), "challenger": _iv(chall), "difference": _iv(chall - champ, 0.04)},
+                   "1": {"champion": _iv(0.9), "challenger": _iv(0.88), "difference": _iv(-0.02, 0.03)}},
+        "sampled": {"2": {"champion": _iv(0.36), "challenger": _iv(0.70), "difference": _iv(0.34)}},
+        "promotion": {
+            "decision": {"promote": status == "promoted", "summary": f"gate says {status}",
+                         "reasons": [f"target gain {100 * (chall - champ):.1f} pts"],
+                         "checks": [{"name": "target_gain", "passed": status == "promoted", "observed": chall - champ - 0.04,
+                                     "threshold": 0.05, "unit": "fraction", "reason": "lower bound vs min_gain"}]},
+            "cost": {"run_usd": 0.046, "total_usd": 0.069, "success_gain_points": 100 * (chall - champ),
+                     "usd_per_success_point": 0.0012, "stages": [{"stage": "grpo", "wall_s": 301.0, "usd": 0.03}]},
+            "version": "3", "aliases": {"champion": "3", "previous": "2"}, "model_name": "evergreen-agent"},
+        "champion_version": "2", "challenger_version": "3",
+        "links": {"mlflow_run": "http://127.0.0.1:5000/#/experiments/1/runs/abc",
+                  "ray_dashboard": "http://127.0.0.1:8265", "ray_job_id": "raysubmit_42",
+                  "airflow_run": f"http://127.0.0.1:8080/dags/continuous_post_training/runs/{run_id}"},
+        "timings": {"grpo": 301.0}, "wall_s": 512.0,
+    }
+    s.update(extra)
+    return s
+
+
+def _write(root: Path, name: str, data) -> Path:
+    d = root / "continuous_post_training" / name
+    d.mkdir(parents=True, exist_ok=True)
+    p = d / "summary.json"
+    p.write_text(data if isinstance(data, str) else json.dumps(data))
+    return p
+
+
+@pytest.fixture
+def root(tmp_path, monkeypatch) -> Path:
+    monkeypatch.setenv("EVERGREEN_RUN_DIR", str(tmp_path))
+    return tmp_path
+
+
+@pytest.fixture
+def client(root) -> TestClient:
+    return TestClient(page.create_app())
+
+
+@pytest.fixture
+def four_runs(root) -> Path:
+    """Oldest to newest: not promoted, skipped, promoted (with a <script> in a reason); plus a broken file."""
+    _write(root, "scheduled_1", _summary("scheduled__2026-12-01T03:00:00+00:00", "2026-12-01T03:00:00+00:00",
+                                         "not_promoted", trigger={"kind": "schedule"}))
+    _write(root, "rest_2", {"dag_id": "continuous_post_training", "run_id": "manual__2026-12-01T09:00:00+00:00",
+                            "status": "skipped", "started_at": "2026-12-01T09:00:00+00:00",
+                            "skip_reason": "no significant drift and no breaking tool change",
+                            "trigger": {"kind": "rest", "params": {"force": False}}})
+    promoted = _summary("asset_triggered__2026-12-02T03:00:00+00:00", "2026-12-02T03:00:00+00:00", "promoted")
+    promoted["promotion"]["decision"]["reasons"].append(XSS)
+    _write(root, "asset_3", promoted)
+    _write(root, "broken_4", "{not json")
+    return root
+
+
+def _svg(text: str, id_: str) -> ET.Element:
+    m = re.search(rf'<svg id="{id_}".*?</svg>', text, re.S)
+    assert m, f"no <svg id={id_}>"
+    return ET.fromstring(m.group(0))  # well-formed XML, or this raises
+
+
+NS = "{http://www.w3.org/2000/svg}"
+
+
+def test_empty_state(client):
+    r = client.get("/")
+    assert r.status_code == 200
+    assert 'id="empty-state"' in r.text and 'id="last-decision"' not in r.text
+    assert _svg(r.text, "success-chart").find(f"{NS}text").text == "no evaluated runs yet"
+    assert _svg(r.text, "cost-chart") is not None
+    assert client.get("/api/runs").json()["count"] == 0
+    assert client.get("/health").json() == {"status": "ok", "runs": 0, "errors": 0}
+
+
+def test_newest_run_first_with_its_decision(client, four_runs):
+    text = client.get("/").text
+    order = [m for m in re.findall(r'<article class="run [^"]*" id="run-\d+" data-run-id="([^"]+)"', text)]
+    assert order == ["asset_triggered__2026-12-02T03:00:00+00:00", "manual__2026-12-01T09:00:00+00:00",
+                     "scheduled__2026-12-01T03:00:00+00:00"]
+    last = re.search(r'<section id="last-decision".*?</section>', text, re.S).group(0)
+    assert 'data-status="promoted"' in last and '<strong class="verdict">PROMOTED</strong>' in last
+    assert "champion v2 → challenger v3" in last
+    assert "gain per dollar: 536.2 pts/$" in last  # 100 * 0.37 / 0.069
+
+
+def test_not_promoted_shows_reasons_and_failed_check(client, four_runs):
+    text = client.get("/").text
+    card = re.search(r'<article class="run not_promoted".*?</article>', text, re.S).group(0)
+    assert '<span class="badge not_promoted">not promoted</span>' in card
+    assert "<li>target gain 3.0 pts</li>" in card
+    assert '<tr class="fail"><td>target_gain</td><td>✗</td><td>-0.01</td><td>0.05</td><td>fraction</td>' in card
+    assert "Trigger: <strong class=\"trigger-kind\">schedule</strong> (the nightly schedule)" in card
+    assert "Tool registry diff: breaking changes: <strong>3</strong>" in card
+    assert "<li>get_weather: temperature now in kelvin</li>" in card
+    assert '<tr class="sig"><td>desk</td><td>success_rate</td><td>-0.31</td><td>1e-09</td><td>yes</td></tr>' in card
+
+
+def test_skipped_run_says_why_and_shows_dashes(client, four_runs):
+    card = re.search(r'<article class="run skipped".*?</article>', client.get("/").text, re.S).group(0)
+    assert "Skipped: no significant drift and no breaking tool change" in card
+    assert '<strong class="trigger-kind">rest</strong> (a REST API call)' in card
+    assert "&quot;force&quot;: false" in card  # params, escaped JSON
+    assert '<dd class="run-usd">' not in card and "<h3>Cost</h3><p>—</p>" in card
+    assert '<span class="mlflow-link">—</span>' in card
+
+
+def test_intervals_for_target_and_guard(client, four_runs):
+    card = re.search(r'<article class="run promoted".*?</article>', client.get("/").text, re.S).group(0)
+    target = re.search(r'<tr class="target greedy" data-registry="2".*?</tr>', card, re.S).group(0)
+    assert '41.0% <span class="ci">[36.0, 46.0]</span>' in target
+    assert '78.0% <span class="ci">[73.0, 83.0]</span>' in target
+    assert '+37.0 pts <span class="ci">[+33.0, +41.0]</span>' in target
+    guard = re.search(r'<tr class="guard greedy" data-registry="1".*?</tr>', card, re.S).group(0)
+    assert '-2.0 pts <span class="ci">[-5.0, +1.0]</span>' in guard
+    assert 'class="target sampled"' in card and 'class="guard sampled"' not in card  # only what was measured
+
+
+def test_links(client, four_runs, root):
+    card = re.search(r'<article class="run promoted".*?</article>', client.get("/").text, re.S).group(0)
+    assert '<a href="http://127.0.0.1:5000/#/experiments/1/runs/abc" rel="noopener noreferrer">' in card
+    assert '<a href="http://127.0.0.1:8265" rel="noopener noreferrer">' in card
+    assert '<code class="ray-job-id">raysubmit_42</code>' in card
+    assert ('href="http://127.0.0.1:8080/dags/continuous_post_training/runs/'
+            'asset_triggered__2026-12-02T03:00:00+00:00"') in card
+    # a path on the Airflow server is a link; javascript: and another site's //host are text only
+    _write(root, "evil", _summary("evil", "2026-12-03T03:00:00+00:00", "failed",
+                                  links={"mlflow_run": "javascript:alert(1)", "ray_dashboard": "//evil.example/x",
+                                         "airflow_run": "/dags/continuous_post_training/runs/evil"}))
+    text = client.get("/").text
+    assert 'href="javascript:' not in text and "<code>javascript:alert(1)</code>" in text
+    assert 'href="//' not in text and "<code>//evil.example/x</code>" in text
+    assert '<a href="/dags/continuous_post_training/runs/evil" rel="noopener noreferrer">' in text
+
+
+def test_svg_charts(client, four_runs):
+    text = client.get("/").text
+    success = _svg(text, "success-chart")
+    assert len(success.findall(f".//{NS}g[@class='point champion']")) == 2  # the skipped run has no evaluation
+    assert len(success.findall(f".//{NS}g[@class='point challenger']")) == 2
+    labels = {t.text for t in success.iter(f"{NS}text") if t.get("class") == "ver"}
+    assert {"v2", "v3"} <= labels
+    tips = [t.text for t in success.iter(f"{NS}title")]
+    assert any("challenger v3 on run asset_triggered__2026-12-02T03:00:00+00:00: 78.0% [73.0, 83.0]" in t for t in tips)
+    bars = _svg(text, "cost-chart").findall(f".//{NS}g[@data-run-id]")
+    assert [b.get("class") for b in bars] == ["bar not_promoted", "bar promoted"]  # oldest left
+
+
+def test_every_summary_string_is_escaped(client, four_runs, root):
+    hostile = _summary('x"><img src=x onerror=alert(1)>', "2026-12-04T03:00:00+00:00", "not_promoted",
+                       trigger={"kind": XSS, "asset_events": [{"uri": XSS, "extra": {XSS: XSS}}]})
+    hostile["signals"]["tooldiff"]["changes"] = [XSS]
+    hostile["promotion"]["decision"]["checks"][0]["name"] = XSS
+    _write(root, "hostile", hostile)
+    r = client.get("/")
+    assert "<script>" not in r.text and "<img src=x" not in r.text
+    assert "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;" in r.text
+    assert 'data-run-id="x&quot;&gt;&lt;img src=x onerror=alert(1)&gt;"' in r.text
+    assert "script-src" not in r.headers["content-security-policy"]  # default-src 'none': no script runs at all
+    assert r.headers["content-security-policy"].startswith("default-src 'none'")
+
+
+def test_malformed_summaries_are_listed_not_fatal(client, four_runs, root):
+    _write(root, "no_status", {"dag_id": "continuous_post_training", "run_id": "r"})
+    _write(root, "a_list", [1, 2])
+    r = client.get("/")
+    assert r.status_code == 200
+    errors = re.search(r'<section id="errors".*?</section>', r.text, re.S).group(0)
+    assert "continuous_post_training/broken_4/summary.json</code>: JSONDecodeError" in errors
+    assert "required key &#x27;status&#x27; is missing" in errors
+    assert "a JSON list, not an object" in errors
+    assert client.get("/health").json() == {"status": "ok", "runs": 3, "errors": 3}
+
+
+def test_minimal_summary_renders_with_dashes(client, root):
+    _write(root, "min", {"dag_id": "continuous_post_training", "run_id": "only-required", "status": "failed",
+                         "greedy": "not a dict", "promotion": {"cost": {"run_usd": "cheap"}}, "trigger": None})
+    text = client.get("/").text
+    assert '<strong class="verdict">failed</strong>' in text
+    assert "Trigger: <strong class=\"trigger-kind\">—</strong>" in text
+    assert "no priced runs yet" in text and "no evaluated runs yet" in text
+
+
+def test_json_endpoint(client, four_runs):
+    data = client.get("/api/runs").json()
+    assert data["dag_id"] == "continuous_post_training" and data["runs_root"] == str(four_runs.resolve())
+    assert data["count"] == 3 and [r["summary"]["status"] for r in data["runs"]] == ["promoted", "skipped", "not_promoted"]
+    newest = data["runs"][0]
+    assert newest["run_dir"] == "asset_3" and newest["gain_per_dollar"] == pytest.approx(100 * 0.37 / 0.069)
+    assert newest["summary"]["promotion"]["decision"]["reasons"][-1] == XSS  # JSON is data: unescaped, typed
+    assert data["errors"] == [{"path": "continuous_post_training/broken_4/summary.json",
+                               "error": data["errors"][0]["error"]}]
+
+
+def test_nan_and_deep_nesting_do_not_break_the_json(client, root):
+    s = _summary("nan", "2026-12-03T03:00:00+00:00", "not_promoted")
+    s["signals"]["drift"][0]["effect"] = float("nan")
+    _write(root, "nan", json.dumps(s))  # Python's json writes NaN, which strict JSON encoders refuse
+    _write(root, "deep", "[" * 100_000 + "]" * 100_000)
+    data = client.get("/api/runs").json()
+    assert data["runs"][0]["summary"]["signals"]["drift"][0]["effect"] is None
+    assert [e["path"] for e in data["errors"]] == ["continuous_post_training/deep/summary.json"]
+    assert "<td>desk</td><td>success_rate</td><td>—</td>" in client.get("/").text
+
+
+def test_drift_verdicts_and_breaking_flag_as_the_pipeline_writes_them(client, root):
+    s = _summary("real", "2026-12-03T03:00:00+00:00", "failed", greedy=None, sampled=None, promotion=None)
+    s["signals"]["drift"] = [{"workload": "calc", "statistic": "turns", "effect": None, "p_adjusted": None,
+                              "significant": None, "verdict": "insufficient_data"}]
+    s["signals"]["tooldiff"]["breaking"] = True
+    _write(root, "real", s)
+    text = client.get("/").text
+    assert "<th>verdict</th>" in text and "<td>—</td><td>—</td><td>—</td><td>insufficient_data</td>" in text
+    assert "breaking changes: <strong>yes</strong>" in text
+
+
+def test_new_runs_appear_without_restart(client, root):
+    assert client.get("/api/runs").json()["count"] == 0
+    _write(root, "later", _summary("later", "2026-12-05T03:00:00+00:00", "promoted"))
+    assert client.get("/api/runs").json()["count"] == 1
+    assert 'data-run-id="later"' in client.get("/").text
+
+
+def test_runs_root_follows_env_and_settings(monkeypatch):
+    from tasks.config import load_settings
+
+    monkeypatch.delenv("EVERGREEN_RUN_DIR", raising=False)
+    assert page.runs_root() == Path(load_settings().run_dir).resolve()
+    monkeypatch.setenv("EVERGREEN_RUN_DIR", "runs/elsewhere")  # relative: to the project, as tasks/ reads it
+    assert page.runs_root() == (REPO / "runs" / "elsewhere").resolve()
+
+
+def test_auth_hook_guards_page_and_api_not_health(root):
+    async def deny(request):
+        raise HTTPException(status_code=401, detail="Not authenticated")
+
+    async def forbid(request):
+        raise HTTPException(status_code=403, detail="Invalid JWT token")
+
+    login = lambda request: "/auth/login?next=" + str(request.url.path)  # noqa: E731
+    c = TestClient(page.create_app(auth=deny, login_url=login), follow_redirects=False)
+    r = c.get("/")
+    assert r.status_code == 303 and r.headers["location"] == "/auth/login?next=/"
+    assert c.get("/api/runs").status_code == 401
+    assert c.get("/health").status_code == 200 and c.get("/icon.svg").status_code == 200
+    c = TestClient(page.create_app(auth=forbid, login_url=login), follow_redirects=False)
+    r = c.get("/")
+    assert r.status_code == 403 and "Invalid JWT token" in r.text and 'href="/auth/login?next=/"' in r.text
+
+
+def _run(code: str, tmp_path: Path) -> dict:
+    env = {**os.environ, "AIRFLOW_HOME": str(tmp_path / "airflow"), "PYTHONPATH": str(REPO),
+           "AIRFLOW__CORE__PLUGINS_FOLDER": str(PLUGINS), "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+           "AIRFLOW__CORE__UNIT_TEST_MODE": "False"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True,
+                         timeout=180)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_plugin_import_is_light(tmp_path):
+    got = _run("import sys, json\n"
+               "import plugins.evergreen_plugin as m\n"
+               "app = m.EvergreenPlugin.fastapi_apps[0]['app']\n"
+               "heavy = [n for n in ('torch', 'ray', 'mlflow', 'great_expectations', 'vllm', 'transformers') "
+               "if n in sys.modules]\n"
+               "print(json.dumps({'heavy': heavy, 'routes': sorted(r.path for r in app.routes)}))", tmp_path)
+    assert got["heavy"] == []
+    assert got["routes"] == ["/", "/api/runs", "/health", "/icon.svg"]
+
+
+def test_airflow_plugins_manager_loads_the_plugin(tmp_path):
+    got = _run("import json\n"
+               "from airflow import plugins_manager as pm\n"
+               "from airflow.api_fastapi.core_api.datamodels.plugins import PluginResponse\n"
+               "plugins, errors = pm._get_plugins()\n"
+               "apps, _ = pm.get_fastapi_plugins()\n"
+               "views, _ = pm._get_ui_plugins()\n"
+               "info = [PluginResponse.model_validate(p).model_dump(mode='json') for p in pm.get_plugin_info()]\n"
+               "print(json.dumps({'names': [p.name for p in plugins], 'errors': errors,\n"
+               "  'apps': [(a['name'], a['url_prefix'], type(a['app']).__name__) for a in apps],\n"
+               "  'views': views, 'info_views': [v for p in info for v in p['external_views']]}))", tmp_path)
+    assert got["errors"] == {}
+    assert "evergreen" in got["names"]
+    assert ["Evergreen", "/evergreen", "FastAPI"] in got["apps"]
+    view = next(v for v in got["views"] if v["url_route"] == "evergreen")
+    assert view["href"] == "/evergreen/" and view["destination"] == "nav" and view["nav_top_level"] is True
+    # the /api/v2/plugins model the UI reads accepts it
+    assert any(v["url_route"] == "evergreen" and v["href"] == "/evergreen/" for v in got["info_views"])
