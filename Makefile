@@ -1,5 +1,6 @@
-# make test  - create or reuse .venv, install, run the whole test suite
-# make demo  - create or reuse .venv, install, run the whole loop on this machine and print a summary
+# make test  - create or reuse .venv, install (and Debian's chromium for the browser test), run the whole test suite
+# make demo  - create or reuse .venv, install, run the whole loop through Airflow on this machine, print a summary
+# make up    - start the local stack (Airflow UI 127.0.0.1:8080, MLflow 127.0.0.1:5000) and keep it running
 PY ?= python3.11
 VENV := .venv
 STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-test.txt 2>/dev/null | sha1sum | cut -c1-12)
@@ -8,7 +9,7 @@ export RAY_TRAIN_V2_ENABLED := 1
 export RAY_USAGE_STATS_ENABLED := 0
 export PYTHONWARNINGS := ignore::FutureWarning,ignore::DeprecationWarning
 
-.PHONY: venv test test-unit demo bench clean
+.PHONY: venv chromium test test-unit demo demo-cli up down bench clean
 
 venv: $(STAMP)
 
@@ -23,18 +24,34 @@ $(STAMP): requirements.txt requirements-test.txt
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 
-test: venv
+# the browser test drives Debian's Chromium through Playwright (never a downloaded browser)
+chromium:
+	@test -x /usr/bin/chromium || { echo "installing Debian chromium for the browser test"; \
+	  (apt-get update -qq && apt-get install -y -qq chromium chromium-driver >/dev/null) || \
+	  { echo "could not install chromium: run 'apt-get install chromium chromium-driver' as root"; exit 1; }; }
+
+test: venv chromium
 	$(VENV)/bin/python -m pytest -q tests
 
 test-unit: venv
 	$(VENV)/bin/python -m pytest -q tests/unit
 
 demo: venv
+	$(VENV)/bin/python scripts/demo.py
+
+# the same loop in one process, without Airflow (tasks/pipeline.py)
+demo-cli: venv
 	$(VENV)/bin/python -m tasks demo
+
+up: venv
+	$(VENV)/bin/python scripts/stack.py up
+
+down:
+	$(VENV)/bin/python scripts/stack.py down
 
 bench: venv
 	$(VENV)/bin/python bench/rl_step.py --quick
 	$(VENV)/bin/python bench/signals.py --quick
 
 clean:
-	rm -rf runs .pytest_cache
+	rm -rf runs .stack .pytest_cache
