@@ -102,11 +102,11 @@ def continuous_post_training():
     def probe_rollouts(cluster: dict, shard: int):
         return run_stage("probe_rollouts", cluster=cluster, shard=shard, num_shards=len(PROBE_SHARDS))
 
-    @task
-    def grpo_command(params=None):
+    @task(multiple_outputs=True)
+    def grpo_command(cluster: dict, params=None):
         from operators.stages import overrides_from_params
 
-        return run_stage("grpo_command", overrides=overrides_from_params(params),
+        return run_stage("grpo_command", cluster=cluster, overrides=overrides_from_params(params),
                          fail_at_step=params.get("fail_training_at_step"))
 
     @task
@@ -151,10 +151,10 @@ def continuous_post_training():
     teardown = RayClusterOperator(task_id="ray_cluster_teardown", action="teardown", trigger_rule="all_done")
     built >> setup
     probes = probe_rollouts.partial(cluster=setup.output).expand(shard=PROBE_SHARDS)
-    command = grpo_command()
+    command = grpo_command(setup.output)
     probes >> command
-    grpo = RayJobOperator(task_id="grpo_update", entrypoint=command, cluster=setup.output,
-                          env_vars={"EVERGREEN_RAY__ADDRESS": "auto", "RAY_TRAIN_V2_ENABLED": "1"},
+    grpo = RayJobOperator(task_id="grpo_update", entrypoint=command["entrypoint"], cluster=setup.output,
+                          env_vars=command["env_vars"], timeout=timedelta(hours=2),
                           retries=0)  # a failed update is rerun by a new DAG run, resuming from its checkpoints
     trained = record_training(grpo.output)
     evals = evaluate.partial(cluster=setup.output).expand(who=["champion", "challenger"])

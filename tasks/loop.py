@@ -299,9 +299,12 @@ def probe_rollouts(settings, rd: RunDir, cluster: dict, shard: int, num_shards: 
     return out
 
 
-def grpo_command(settings, rd: RunDir, overrides: dict | None = None, fail_at_step: int | None = None) -> str:
-    """The Ray job's entrypoint: GRPO from this run's champion against the target registry. Overrides
-    reach the job as --set flags so it trains with exactly this run's settings."""
+def grpo_command(settings, rd: RunDir, cluster: dict, overrides: dict | None = None,
+                 fail_at_step: int | None = None) -> dict:
+    """The Ray job's entrypoint and environment: GRPO from this run's champion against the target registry.
+    Overrides reach the job as --set flags so it trains with exactly this run's settings; the driver gets
+    the cluster's own address (`auto` may resolve to another interface than the head's 127.0.0.1) and its
+    auth token path (a job driver does not inherit the head's environment)."""
     champ = champion_dir(settings, rd)
     # a local head runs jobs on this machine, with this interpreter; a KubeRay image has its own `python`
     args = ["python" if settings.ray.backend == "kuberay" else sys.executable, "-m", "tasks"]
@@ -311,7 +314,9 @@ def grpo_command(settings, rd: RunDir, overrides: dict | None = None, fail_at_st
     if fail_at_step is not None:
         args += ["--fail-at-step", str(int(fail_at_step))]
     rd.write({"started": time.time()}, "grpo_job.json")
-    return shlex.join(args)
+    env = {"EVERGREEN_RAY__ADDRESS": cluster["address"] if cluster.get("backend") == "local" else "auto",
+           "RAY_TRAIN_V2_ENABLED": "1", **(cluster.get("env") or {})}
+    return {"entrypoint": shlex.join(args), "env_vars": env}
 
 
 def record_training(settings, rd: RunDir, job: dict | None = None) -> dict:
@@ -494,12 +499,11 @@ def summarize(settings, rd: RunDir, links: dict | None = None) -> dict:
         "signals": {"retrain": signals.get("retrain"), "reasons": signals.get("reasons", []),
                     "summary": signals.get("summary"), "window": signals.get("window"), "rows": signals.get("rows"),
                     "data_validation": signals.get("data_validation"),
-                    "drift": [{k: t.get(k) for k in ("workload", "statistic", "effect", "p_adjusted", "significant")}
-                              for t in drift],
-                    "tooldiff": {"breaking": len(tooldiff.get("breaking", []) or []) if isinstance(tooldiff.get("breaking"), list)
-                                 else tooldiff.get("breaking"), "summary": tooldiff.get("summary"),
-                                 "changes": [str(c.get("detail") or c) if isinstance(c, dict) else str(c)
-                                             for c in (tooldiff.get("changes") or [])][:40]}},
+                    "drift": [{k: t.get(k) for k in ("workload", "statistic", "effect", "p_adjusted", "significant",
+                                                     "verdict")} for t in drift],
+                    "tooldiff": {"breaking": (tooldiff.get("counts") or {}).get("breaking", 0),
+                                 "summary": tooldiff.get("summary"),
+                                 "changes": [_change_text(c) for c in (tooldiff.get("changes") or [])][:40]}},
         "target_registry": settings.env.target_registry, "guard_registries": registries(settings)[1:],
         "greedy": comparisons.get("greedy"), "sampled": comparisons.get("sampled"),
         "probe": [json.loads(f.read_text()) for f in sorted((rd.path / "probe").glob("shard-*.json"))],
@@ -522,6 +526,12 @@ def summarize(settings, rd: RunDir, links: dict | None = None) -> dict:
             log.warning("could not close MLflow run %s: %s", run["mlflow_run_id"], e)
     log.info("%s", format_summary(summary))
     return {"status": status, "summary": str(rd.path / "summary.json")}
+
+
+def _change_text(change) -> str:
+    if not isinstance(change, dict):
+        return str(change)
+    return f"{change.get('kind', '')}: {change.get('detail') or change.get('description') or change}"
 
 
 def _read_json(path: Path):
