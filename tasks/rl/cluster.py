@@ -68,6 +68,14 @@ class LocalHead:
         return len(procs)
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def start_local_head(temp_dir: str | Path, port: int = 6390, num_cpus: int | None = None,
                      dashboard_port: int | None = 8265, timeout: float = 60.0) -> LocalHead:
     """`ray start --head` bound to 127.0.0.1 with its own temp dir; returns once it accepts drivers."""
@@ -89,7 +97,10 @@ def start_local_head(temp_dir: str | Path, port: int = 6390, num_cpus: int | Non
     cmd = [ray_bin, "start", "--head", f"--port={port}", f"--temp-dir={temp_dir}", "--node-ip-address=127.0.0.1",
            f"--num-cpus={num_cpus or os.cpu_count()}", "--disable-usage-stats"]
     if dashboard_port:
-        cmd += ["--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard_port}"]
+        # the job agent's default port (52365) is one per machine: a second head with a dashboard would have no
+        # job agent, and every job submitted to it fails with "No available agent to submit job"
+        cmd += ["--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard_port}",
+                f"--dashboard-agent-listen-port={_free_port()}"]
     else:
         cmd += ["--include-dashboard=false"]
     t0 = time.time()
