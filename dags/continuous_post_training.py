@@ -84,8 +84,9 @@ def continuous_post_training():
 
         verdict = validate_data()
         branch = should_train(verdict, run)
-        branch >> skip(verdict, run)
-        return branch
+        skipped = skip(verdict, run)
+        branch >> skipped
+        return branch, skipped
 
     @task
     def registries(params=None):
@@ -142,7 +143,7 @@ def continuous_post_training():
         return run_stage("summarize", links=links)
 
     run = open_run()
-    go = signals()
+    go, skipped = signals()
     regs = registries()
     go >> regs
     built = build_tasks.expand(registry=regs)
@@ -160,6 +161,7 @@ def continuous_post_training():
     evals = evaluate.partial(cluster=setup.output).expand(who=["champion", "challenger"])
     trained >> evals
     evals >> validate_evals() >> cost() >> gate() >> registry() >> teardown.as_teardown(setups=setup)
-    [teardown, go] >> summarize()
+    # not downstream of the branch itself: a branch skips its direct downstream tasks it did not choose
+    [teardown, skipped] >> summarize()
 
 continuous_post_training()

@@ -106,3 +106,13 @@ def test_the_loop_through_dag_test(dags):
     back = _run(bag, "rollback", {"confirm": True, "reason": "drill"})
     assert str(back.state) == "success", _states(back)
     assert _aliases(run_dir)["champion"] == "1"
+
+    empty = run_dir / "no-traces"
+    empty.mkdir()
+    quiet = _run(bag, "continuous_post_training", {"overrides": {"monitor.traces": str(empty)}})
+    states = _states(quiet)
+    assert str(quiet.state) == "success", states
+    assert states["signals.skip"] == "success" and states["registries"] == "skipped", states
+    assert states["ray_cluster_setup"] == "skipped" and states["summarize"] == "success", states
+    skipped = [json.loads(p.read_text()) for p in (run_dir / "continuous_post_training").glob("*/summary.json")]
+    assert [s["status"] for s in skipped if s["run_id"] == quiet.run_id] == ["skipped"]
