@@ -47,6 +47,7 @@ def overhead(client, dag_id: str, run: dict, run_dir: Path) -> dict:
 
 
 def main() -> int:
+    sys.stdout.reconfigure(line_buffering=True)  # progress lines appear as they happen, also in a log file
     t_start = time.time()
     home = PROJECT / ".stack"
     if home.exists():

@@ -257,6 +257,7 @@ class Stack:
         (self.home / "logs").mkdir(parents=True, exist_ok=True)
         self.airflow_home.mkdir(parents=True, exist_ok=True)
         (self.home / "mlflow").mkdir(exist_ok=True)
+        (self.home / "events").mkdir(exist_ok=True)  # drop a file named retrain_request here (operators/assets.py)
         t0 = time.time()
         bin_dir = Path(sys.executable).parent
         self._spawn("mlflow", [str(bin_dir / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(self.mlflow_port),
