@@ -69,3 +69,23 @@ def test_each_dag_file_parses_within_300ms(airflow_db):
     slow = {k: v for k, v in seen.items() if v > 0.3}
     assert not slow, f"DAG files slower than 0.3 s to parse: {slow} (all: {seen})"
 
+
+
+def test_continuous_post_training_listens_to_the_retrain_events(dagbag):
+    """Cron or any of the retrain assets (one schedule); the file-drop asset carries its watcher."""
+    from airflow.sdk import AssetOrTimeSchedule
+
+    from operators.assets import retrain_file
+
+    dag = dagbag.dags["continuous_post_training"]
+    assert isinstance(dag.timetable, AssetOrTimeSchedule) or "AssetOrTime" in type(dag.timetable).__name__
+    def leaves(condition):  # AssetAny / AssetAll nest their members in .objects
+        for obj in getattr(condition, "objects", None) or [condition]:
+            yield from (leaves(obj) if hasattr(obj, "objects") else [obj])
+
+    assets = {a.name: a for a in leaves(dag.timetable.asset_condition)}
+    assert {"retrain_request", "retrain_file_drop"} <= set(assets), assets
+    watcher = assets["retrain_file_drop"].watchers[0]
+    assert type(watcher.trigger).__name__ == "FileDeleteTrigger" and watcher.trigger.filepath == str(retrain_file())
+    producer = dagbag.dags["drift_monitor"].get_task("request_retrain")
+    assert [o.name for o in producer.outlets] == ["retrain_request"]
