@@ -83,6 +83,7 @@ def continuous_post_training():
             return run_stage("record_skip", reason=decide(verdict, run["trigger"], force=bool(params["force"]))[1])
 
         verdict = validate_data()
+        run >> verdict  # its stage logs under the run's MLflow run, which open_run creates
         branch = should_train(verdict, run)
         skipped = skip(verdict, run)
         branch >> skipped

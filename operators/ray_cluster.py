@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import time
 from typing import Any
 
 from airflow.sdk import BaseOperator
@@ -60,7 +61,14 @@ class RayClusterOperator(BaseOperator):
         self.log.info("Ray cluster %s (%s backend) for %s", self.action, backend, self.run_key)
         if backend not in ("local", "address", "kuberay"):
             raise ValueError(f"unknown Ray backend {backend!r}: use local, address or kuberay (ray.backend)")
-        return getattr(self, f"_{self.action}_{backend}")(settings)
+        started = time.time()
+        try:
+            return getattr(self, f"_{self.action}_{backend}")(settings)
+        finally:
+            from operators.stages import record_task_time
+            from tasks.loop import RunDir
+
+            record_task_time(context, RunDir.for_run(settings, context["dag"].dag_id, context["run_id"]), started)
 
     # local ---------------------------------------------------------------------------------------
     def _setup_local(self, settings) -> dict:

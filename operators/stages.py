@@ -14,6 +14,7 @@ Everything heavy is imported inside the functions: DAG files import this module 
 from __future__ import annotations
 
 import logging
+import time
 
 log = logging.getLogger(__name__)
 
@@ -81,4 +82,16 @@ def run_stage(stage: str, **kwargs):
     if stage == "open_run":
         kwargs.setdefault("trigger", trigger_of(context))
     log.info("stage %s of %s (run dir %s)", stage, context["run_id"], rd.path)
-    return getattr(loop, stage)(settings, rd, **kwargs)
+    started = time.time()
+    try:
+        return getattr(loop, stage)(settings, rd, **kwargs)
+    finally:
+        record_task_time(context, rd, started)
+
+
+def record_task_time(context, rd, started: float) -> None:
+    """When this task's body ran (task_times/<task>.json): the run's orchestration overhead is its wall time
+    minus the union of these intervals (scripts/demo.py)."""
+    ti = context["ti"]
+    name = ti.task_id + (f"-{ti.map_index}" if getattr(ti, "map_index", -1) >= 0 else "")
+    rd.write({"task_id": ti.task_id, "start": started, "end": time.time()}, "task_times", f"{name}.json")
