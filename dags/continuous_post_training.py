@@ -12,7 +12,7 @@ prices the run, and moves the MLflow `champion` alias only when the gain clears 
 
 **Stages**: open run → signals (validate_data with GX, should_train) → build_tasks (one per registry) →
 ray_cluster_setup → probe_rollouts (shards) → grpo_update (a Ray job, deferred) → record_training →
-evaluate (champion, challenger) → validate_evals (GX) → cost → gate → registry → ray_cluster_teardown
+evaluate (champion, then challenger by weight sync) → validate_evals (GX) → cost → gate → registry → ray_cluster_teardown
 (always) → summarize (always). The skip path ends at `skip` when there is nothing to learn.
 
 **Params**: `target_registry` (the workload's tool registry), `grpo_steps`, `eval_tasks`, `max_cost_usd`
@@ -116,8 +116,8 @@ def continuous_post_training():
         return run_stage("record_training", job=job)
 
     @task
-    def evaluate(cluster: dict, who: str):
-        return run_stage("evaluate", cluster=cluster, who=who)
+    def evaluate(cluster: dict):
+        return run_stage("evaluate", cluster=cluster)
 
     @task
     def validate_evals():
@@ -159,7 +159,7 @@ def continuous_post_training():
                           env_vars=command["env_vars"], timeout=timedelta(hours=2),
                           retries=0)  # a failed update is rerun by a new DAG run, resuming from its checkpoints
     trained = record_training(grpo.output)
-    evals = evaluate.partial(cluster=setup.output).expand(who=["champion", "challenger"])
+    evals = evaluate(setup.output)
     trained >> evals
     evals >> validate_evals() >> cost() >> gate() >> registry() >> teardown.as_teardown(setups=setup)
     # not downstream of the branch itself: a branch skips its direct downstream tasks it did not choose

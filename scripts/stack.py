@@ -134,7 +134,7 @@ class ApiClient:
                     last = line
                 if run["state"] in ("success", "failed"):
                     return run
-            time.sleep(3)
+            time.sleep(1.5)
         raise TimeoutError(f"{dag_id} run {run_id or '(next)'} did not finish in {timeout}s")
 
     def task_log(self, dag_id: str, run_id: str, task_id: str, try_number: int = 1, map_index: int = -1) -> str:
