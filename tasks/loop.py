@@ -278,7 +278,7 @@ def probe_rollouts(settings, rd: RunDir, cluster: dict, shard: int, num_shards: 
     one = settings.model_copy(update={"rollout": settings.rollout.model_copy(update={"num_workers": 1})})
     try:
         tasks = training_tasks(settings, 0)[shard::num_shards]
-        pool = RolloutPool(champion_dir(settings, rd), one)
+        pool = RolloutPool(champion_dir(settings, rd), one, first_core=shard)
         records = pool.run_batch(tasks, settings.rollout.group_size, rd.path / "probe" / f"shard-{shard}",
                                  seed=settings.grpo.seed + shard)
         pool.shutdown()

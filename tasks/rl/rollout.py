@@ -93,8 +93,9 @@ class RolloutWorker:
 class RolloutPool:
     """Driver-side handle on the rollout actors: start, sync weights, run batches, replace lost actors."""
 
-    def __init__(self, model_dir: str | Path, settings, actors: list | None = None):
-        self.model_dir, self.settings = str(model_dir), settings
+    def __init__(self, model_dir: str | Path, settings, actors: list | None = None, first_core: int = 0):
+        # first_core: pools started side by side (one per probe shard) pin their engines to different cores
+        self.model_dir, self.settings, self.first_core = str(model_dir), settings, first_core
         r = settings.rollout
         self._actor_cls = ray.remote(num_cpus=r.cpus_per_worker, max_restarts=0)(RolloutWorker)
         self.actors = actors or [self._start_actor(i) for i in range(r.num_workers)]
@@ -111,7 +112,7 @@ class RolloutPool:
                     "TOKENIZERS_PARALLELISM": "false", "PYTHONWARNINGS": "ignore"}
         return self._actor_cls.options(runtime_env={"env_vars": env_vars}).remote(
             self.model_dir, s.rollout.backend, s.model.max_len, s.rollout.kv_cache_mb, s.env.max_turns,
-            s.env.max_tokens_per_turn, core=index)
+            s.env.max_tokens_per_turn, core=self.first_core + index)
 
     def sync_weights(self, state_dict: dict, version: int) -> float:
         """Put the weights in the object store once; every engine reloads them in place. Returns seconds."""
