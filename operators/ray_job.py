@@ -147,8 +147,14 @@ class RayJobHook(BaseHook):
         if self._client is None:
             from ray.job_submission import JobSubmissionClient
 
-            # a copy: the client adds to the dict it is given
-            self._client = JobSubmissionClient(self.dashboard_url, headers=dict(self._headers))
+            # Ray prefers RAY_API_SERVER_ADDRESS / RAY_ADDRESS from the environment over the address it is
+            # given; this hook was given its cluster's Jobs API explicitly, so that one wins
+            saved = {k: os.environ.pop(k, None) for k in ("RAY_API_SERVER_ADDRESS", "RAY_ADDRESS")}
+            try:
+                # a copy: the client adds to the dict it is given
+                self._client = JobSubmissionClient(self.dashboard_url, headers=dict(self._headers))
+            finally:
+                os.environ.update({k: v for k, v in saved.items() if v is not None})
         return self._client
 
     def submit(self, entrypoint: str, submission_id: str, runtime_env: dict | None = None,

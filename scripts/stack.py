@@ -176,8 +176,11 @@ class Stack:
 
     def env(self) -> dict:
         venv_bin = str(Path(sys.executable).parent)
+        # not the caller's Ray settings: a RAY_ADDRESS left by a driver in this process (a test that ran
+        # dag.test) would send every Ray client of the stack to a cluster that is gone
+        inherited = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
         env = {
-            **os.environ,
+            **inherited,
             "PATH": venv_bin + os.pathsep + os.environ.get("PATH", ""),
             "PYTHONPATH": str(PROJECT),
             "AIRFLOW_HOME": str(self.airflow_home),

@@ -47,6 +47,7 @@ def dags(airflow_db, tmp_path_factory):
     bag = DagBag(dag_folder=str(DAGS))
     assert bag.import_errors == {}
     yield bag, run_dir
+    os.environ.pop("RAY_ADDRESS", None)  # set by the in-process drivers of dag.test (tasks.rl.cluster.connect)
     for k, v in saved.items():
         if v is None:
             os.environ.pop(k, None)
