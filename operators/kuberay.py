@@ -73,6 +73,16 @@ class KubeRayManifestError(ValueError):
 # --------------------------------------------------------------------------------------------------
 # rendering and validation (pure)
 # --------------------------------------------------------------------------------------------------
+
+def _unique_label(errors: list[str], where: str, value, seen: set, hint: str, duplicate: str) -> None:
+    """A DNS-1123 label not used before among `seen` (container names in a pod, group names in a cluster)."""
+    if not isinstance(value, str) or len(value) > 63 or not _DNS1123_LABEL.match(value):
+        errors.append(f"{where}: {value!r} is not a DNS-1123 label (lowercase letters, digits, '-', "
+                      f"<= 63 characters); {hint}")
+    elif value in seen:
+        errors.append(f"{where}: {value!r} {duplicate}")
+    seen.add(value)
+
 def label_value(text: str) -> str:
     """`text` as a valid Kubernetes label value: [A-Za-z0-9_.-], alphanumeric at both ends, <= 63 characters.
 
@@ -167,13 +177,8 @@ def _check_group(name: str, group: dict, where: str, errors: list[str]) -> None:
     seen = set()
     for i, container in enumerate(containers):
         cwhere = f"{where}.template.spec.containers[{i}]"
-        cname = container.get("name")
-        if not isinstance(cname, str) or len(cname) > 63 or not _DNS1123_LABEL.match(cname):
-            errors.append(f"{cwhere}.name: {cname!r} is not a DNS-1123 label (lowercase letters, digits, '-', "
-                          "<= 63 characters); e.g. ray-head / ray-worker")
-        elif cname in seen:
-            errors.append(f"{cwhere}.name: {cname!r} is used twice in this pod; container names must be unique")
-        seen.add(cname)
+        _unique_label(errors, f"{cwhere}.name", container.get("name"), seen, "e.g. ray-head / ray-worker",
+                      "is used twice in this pod; container names must be unique")
         if not isinstance(container.get("image"), str) or not container["image"].strip():
             errors.append(f"{cwhere}.image: missing; pass image= to render_raycluster() or set it in the template")
     # KubeRay turns the Ray container's limits into `ray start --num-cpus/--memory`; without them Ray
@@ -227,13 +232,8 @@ def validate_raycluster(manifest: Any) -> list[str]:
         if not isinstance(group, dict):
             errors.append(f"{where}: expected a mapping, got {type(group).__name__}")
             continue
-        gname = group.get("groupName")
-        if not isinstance(gname, str) or len(gname) > 63 or not _DNS1123_LABEL.match(gname):
-            errors.append(f"{where}.groupName: {gname!r} is not a DNS-1123 label (lowercase letters, digits, '-', "
-                          "<= 63 characters); KubeRay puts it in pod names and labels")
-        elif gname in names:
-            errors.append(f"{where}.groupName: {gname!r} is used by two groups; give each group its own name")
-        names.add(gname)
+        _unique_label(errors, f"{where}.groupName", group.get("groupName"), names,
+                      "KubeRay puts it in pod names and labels", "is used by two groups; give each group its own name")
         counts = {k: group.get(k) for k in ("replicas", "minReplicas", "maxReplicas")}
         bad = [k for k, v in counts.items() if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0)]
         for k in bad:
@@ -245,7 +245,7 @@ def validate_raycluster(manifest: Any) -> list[str]:
             elif n is not None and not lo <= n <= hi:
                 errors.append(f"{where}.replicas: {n} is outside [minReplicas {lo}, maxReplicas {hi}]; KubeRay would "
                               "clamp it: set replicas inside the range")
-        _check_group(str(gname), group, where, errors)
+        _check_group(str(group.get("groupName")), group, where, errors)
     return errors
 
 
