@@ -338,9 +338,8 @@ def record_training(settings, rd: RunDir, job: dict | None = None) -> dict:
     with _stage(settings, rd, "training"):
         _track_training(tracker, grpo, metrics)
         tracker.set_tags({"ray.job_id": (job or {}).get("job_id", "")})
-    with tracker.mlflow.start_run(run_id=rd.read("run.json")["mlflow_run_id"]):
+    with tracker.within(rd.read("run.json")["mlflow_run_id"]):
         tracker.log_artifacts(grpo / "model", "model")
-    tracker.mlflow.MlflowClient().update_run(rd.read("run.json")["mlflow_run_id"], status="RUNNING")
     last = metrics[-1] if metrics else {}
     return {"steps": len(metrics), "final_reward": last.get("reward_mean"), "job": job}
 
@@ -367,7 +366,7 @@ def evaluate(settings, rd: RunDir, cluster: dict) -> dict:
             for reg in registries(settings):
                 result = pool.evaluate(_load_tasks(rd, reg), settings.eval.samples, settings.rollout.temperature,
                                        settings.eval.seed)
-                path = rd.file("evals", f"{who}_v{reg}.jsonl")
+                path = rd.file(f"eval_{who}_v{reg}.jsonl")  # the names _track_evals logs
                 path.write_text("".join(json.dumps(r) + "\n" for r in result.table))
                 out.setdefault(who, {})[reg] = {"greedy": result.summary("greedy_success")["mean"],
                                                 "sampled": result.summary("sampled_success")["mean"]}
@@ -383,7 +382,7 @@ def evaluate(settings, rd: RunDir, cluster: dict) -> dict:
 def _table(rd: RunDir, who: str, reg: str):
     from tasks.evals.harness import EvalResult
 
-    path = rd.path / "evals" / f"{who}_v{reg}.jsonl"
+    path = rd.path / f"eval_{who}_v{reg}.jsonl"
     return EvalResult([json.loads(line) for line in path.read_text().splitlines() if line.strip()])
 
 
@@ -400,9 +399,6 @@ def validate_evals(settings, rd: RunDir) -> dict:
                for reg in regs}
     greedy = {reg: compare(challenger[reg], champion[reg], "greedy_success", e.bootstrap_resamples, e.confidence)
               for reg in regs}
-    for reg in regs:  # _track_evals logs the tables from the run dir under these names
-        for who in ("champion", "challenger"):
-            (rd.path / f"eval_{who}_v{reg}.jsonl").write_bytes((rd.path / "evals" / f"{who}_v{reg}.jsonl").read_bytes())
     tracker = _tracker(settings)
     with _stage(settings, rd, "evals"):
         ok = _track_evals(tracker, settings, rd.path, champion, challenger, sampled, greedy)
@@ -524,7 +520,7 @@ def summarize(settings, rd: RunDir, links: dict | None = None) -> dict:
     if run.get("mlflow_run_id"):
         try:
             tracker = _tracker(settings)
-            with tracker.mlflow.start_run(run_id=run["mlflow_run_id"]):
+            with tracker.within(run["mlflow_run_id"]):
                 tracker.log_artifact(rd.path / "summary.json")
             tracker.finish(run["mlflow_run_id"], "FAILED" if status == "failed" else "FINISHED")
         except Exception as e:  # noqa: BLE001 - the summary on disk matters more than the MLflow status

@@ -95,13 +95,17 @@ class Tracker:
         return run_id
 
     @contextlib.contextmanager
+    def within(self, run_id: str) -> Iterator[Any]:
+        """Log into a pipeline run opened by another process (open_run); it stays RUNNING until finish()."""
+        with self.mlflow.start_run(run_id=run_id) as run:
+            yield run
+        self.mlflow.MlflowClient().update_run(run_id, status="RUNNING")  # leaving the block marked it FINISHED
+
+    @contextlib.contextmanager
     def stage_of(self, parent_run_id: str, name: str, tags: dict[str, str] | None = None) -> Iterator[Any]:
-        """A stage nested under a pipeline run opened by another process; the parent stays RUNNING."""
-        client = self.mlflow.MlflowClient()
-        with self.mlflow.start_run(run_id=parent_run_id):
-            with self.stage(name, tags) as run:
-                yield run
-        client.update_run(parent_run_id, status="RUNNING")  # leaving the block marked it FINISHED
+        """A stage nested under a pipeline run opened by another process."""
+        with self.within(parent_run_id), self.stage(name, tags) as run:
+            yield run
 
     def finish(self, run_id: str, status: str) -> None:
         """End a pipeline run opened with open_run: FINISHED or FAILED."""
