@@ -13,7 +13,9 @@ Both take and return token ids; the tokenizer never enters the engine (`skip_tok
 """
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 from dataclasses import dataclass
 from typing import Callable
 
@@ -91,6 +93,32 @@ class HFBackend:
         return {"generated_tokens": tokens, "turn_batches": turn}
 
 
+@contextlib.contextmanager
+def _unbound_proxies_hidden():
+    """vLLM scans every loaded module's globals while it builds an engine (its Triton kernel overrides) and
+    calls hasattr() on each value; a werkzeug LocalProxy outside its context (Flask's `current_app`, `g`,
+    `request`, loaded with Airflow or MLflow) raises RuntimeError there instead of AttributeError, and the
+    engine fails to build. Such proxies are lifted out of their modules for the build and put back after."""
+    local = sys.modules.get("werkzeug.local")
+    proxy_type = getattr(local, "LocalProxy", None)
+    hidden = []
+    if proxy_type is not None:
+        for module in list(sys.modules.values()):
+            try:
+                namespace = vars(module)
+            except TypeError:
+                continue
+            for name, value in list(namespace.items()):
+                if type(value) is proxy_type:  # type(), not isinstance(): the proxy forwards __class__
+                    hidden.append((namespace, name, value))
+                    del namespace[name]
+    try:
+        yield
+    finally:
+        for namespace, name, value in hidden:
+            namespace[name] = value
+
+
 class VLLMBackend:
     name = "vllm"
 
@@ -100,18 +128,19 @@ class VLLMBackend:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         from vllm import LLM
 
-        self.llm = LLM(
-            model=str(model_dir), skip_tokenizer_init=True, dtype="float32", max_model_len=max_len,
-            distributed_executor_backend="uni", enforce_eager=True, seed=seed, disable_log_stats=True,
-            # gpu_memory_utilization is a share of the NUMA node's RAM on CPU, minus the process itself:
-            # a small share goes negative. An explicit KV budget is predictable (4 KiB/token here).
-            kv_cache_memory_bytes=kv_cache_mb << 20,
-            # per-request seeds crash on CPU when a prompt is split across steps ("CPU Generator does
-            # not use offset"); whole prompts per step keep replays exact
-            enable_chunked_prefill=False, enable_prefix_caching=True,
-            # logprobs of the distribution actually sampled from (after temperature)
-            logprobs_mode="processed_logprobs",
-        )
+        with _unbound_proxies_hidden():
+            self.llm = LLM(
+                model=str(model_dir), skip_tokenizer_init=True, dtype="float32", max_model_len=max_len,
+                distributed_executor_backend="uni", enforce_eager=True, seed=seed, disable_log_stats=True,
+                # gpu_memory_utilization is a share of the NUMA node's RAM on CPU, minus the process itself:
+                # a small share goes negative. An explicit KV budget is predictable (4 KiB/token here).
+                kv_cache_memory_bytes=kv_cache_mb << 20,
+                # per-request seeds crash on CPU when a prompt is split across steps ("CPU Generator does
+                # not use offset"); whole prompts per step keep replays exact
+                enable_chunked_prefill=False, enable_prefix_caching=True,
+                # logprobs of the distribution actually sampled from (after temperature)
+                logprobs_mode="processed_logprobs",
+            )
         self.engine = self.llm.llm_engine
         self._next_id = 0
 
