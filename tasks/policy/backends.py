@@ -93,15 +93,24 @@ class HFBackend:
         return {"generated_tokens": tokens, "turn_batches": turn}
 
 
+class _UnboundProxy:
+    """Stands in for an unbound werkzeug proxy while vLLM builds an engine: falsy, as the proxy is outside
+    its context (`if request:` in flask.logging keeps working), with an ordinary __dict__."""
+
+    def __bool__(self) -> bool:
+        return False
+
+
 @contextlib.contextmanager
 def _unbound_proxies_hidden():
     """vLLM scans every loaded module's globals while it builds an engine (its Triton kernel overrides) and
     calls hasattr() on each value; a werkzeug LocalProxy outside its context (Flask's `current_app`, `g`,
     `request`, loaded with Airflow or MLflow) raises RuntimeError there instead of AttributeError, and the
-    engine fails to build. Such proxies are lifted out of their modules for the build and put back after."""
+    engine fails to build. For the build, each proxy that raises is swapped for a falsy stand-in, and put
+    back after."""
     local = sys.modules.get("werkzeug.local")
     proxy_type = getattr(local, "LocalProxy", None)
-    hidden = []
+    swapped = []
     if proxy_type is not None:
         for module in list(sys.modules.values()):
             try:
@@ -109,13 +118,17 @@ def _unbound_proxies_hidden():
             except TypeError:
                 continue
             for name, value in list(namespace.items()):
-                if type(value) is proxy_type:  # type(), not isinstance(): the proxy forwards __class__
-                    hidden.append((namespace, name, value))
-                    del namespace[name]
+                if type(value) is not proxy_type:  # type(), not isinstance(): the proxy forwards __class__
+                    continue
+                try:
+                    hasattr(value, "__dict__")
+                except RuntimeError:
+                    swapped.append((namespace, name, value))
+                    namespace[name] = _UnboundProxy()
     try:
         yield
     finally:
-        for namespace, name, value in hidden:
+        for namespace, name, value in swapped:
             namespace[name] = value
 
 
