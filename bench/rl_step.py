@@ -7,8 +7,10 @@
   vLLM (continuous batching across turns, in-process engine) against Hugging Face `generate` batched
   per turn. Keys: vllm_/hf_ episodes_per_s and tokens_per_s, and their ratio.
 - One GRPO update on the vLLM batch (grpo_step_s).
-- A weight sync into the engine (`collective_rpc("reload_weights")` + prefix-cache reset) beside one
-  memcpy of the same bytes (weight_sync_s, memcpy_s).
+- A weight sync into the engine beside one memcpy of the same bytes (weight_sync_s, memcpy_s): the
+  default path (a broadcast from the trainer through vLLM's weight-transfer API, gloo here, NCCL on a GPU;
+  weight_sync_collective_s) and the object-store path's reload (`collective_rpc("reload_weights")`,
+  weight_sync_object_store_s), each with its prefix-cache reset. Trainer and engine share this process.
 
 The engine is built once before timing (as a rollout worker does once per run); its build time is
 reported separately (engine_build_s). Without --model, the trained champion under runs/local is used
@@ -42,10 +44,12 @@ def main() -> None:
 
     from tasks.config import load_settings
     from tasks.envs import desk, new_episode
-    from tasks.policy.backends import HFBackend, Sampling, VLLMBackend
+    from tasks.policy.backends import HFBackend, Sampling
     from tasks.policy.model import build_model, load_model, save_model, state_dict_cpu
     from tasks.rl.records import episode_record
+    from tasks.rl.rollout import RolloutWorker
     from tasks.rl.train import grpo_update
+    from tasks.rl.weight_transfer import CollectiveWeightSync, LocalWorkerClient
 
     settings = load_settings()
     model_dir = args.model or (settings.run_dir / "champion")
@@ -71,7 +75,9 @@ def main() -> None:
         return eps, stats["generated_tokens"], time.time() - t0, sum(e.score()["success"] for e in eps) / len(eps)
 
     t0 = time.time()
-    engine = VLLMBackend(str(model_dir), max_len=settings.model.max_len, kv_cache_mb=settings.rollout.kv_cache_mb)
+    worker = RolloutWorker(str(model_dir), max_len=settings.model.max_len, kv_cache_mb=settings.rollout.kv_cache_mb,
+                           threads=os.cpu_count(), weight_transfer=True)
+    engine = worker.backend
     build_s = time.time() - t0
     eps, v_tokens, v_s, v_success = timed_rollout(engine)
     records = [episode_record(e, i // group, i % group, 0) for i, e in enumerate(eps)]
@@ -87,7 +93,13 @@ def main() -> None:
     nbytes = sum(t.numel() * t.element_size() for t in sd.values())
     t0 = time.time()
     engine.load_weights(sd)
+    object_store_s = time.time() - t0
+    sync = CollectiveWeightSync([worker], sd[next(iter(sd))].device, host="127.0.0.1", client_cls=LocalWorkerClient)
+    sync.send(sd, version=1)  # the first round also forms the group: time the second
+    t0 = time.time()
+    sync.send(sd, version=2)
     sync_s = time.time() - t0
+    sync.close()
     dst = {k: torch.empty_like(v) for k, v in sd.items()}
     t0 = time.time()
     for k, v in sd.items():
@@ -101,7 +113,8 @@ def main() -> None:
         "episodes_per_s_ratio_vllm_over_hf": (len(eps) / v_s) / (len(h_eps) / h_s),
         "vllm_success": v_success, "hf_success": h_success,
         "engine_build_s": build_s, "grpo_step_s": grpo_s, "grpo_trained_tokens": m["trained_tokens"],
-        "weight_bytes": nbytes, "weight_sync_s": sync_s, "memcpy_s": memcpy_s,
+        "weight_bytes": nbytes, "weight_sync_s": sync_s, "weight_sync_collective_s": sync_s,
+        "weight_sync_object_store_s": object_store_s, "weight_sync_backend": sync.backend, "memcpy_s": memcpy_s,
         "weight_sync_over_memcpy": sync_s / max(memcpy_s, 1e-9), "threads": torch.get_num_threads(),
     }
     print(json.dumps(out))

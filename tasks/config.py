@@ -71,6 +71,10 @@ class RolloutSettings(_Section):
     group_size: int = Field(8, ge=2, description="samples per task (the GRPO group, G)")
     temperature: float = Field(1.0, gt=0, description="sampling temperature of rollouts")
     kv_cache_mb: int = Field(256, ge=16, description="KV-cache memory per vLLM engine in MiB (4 KiB per token for the default model)")
+    weight_sync: Literal["collective", "object_store"] = Field(
+        "collective", description="how new weights reach the vLLM engines: 'collective' = a broadcast from the trainer "
+        "through vLLM's weight-transfer API (NCCL on GPU, gloo on CPU); 'object_store' = one ray.put, every engine "
+        "reloads it (collective_rpc reload_weights). The hf backend always uses the object store")
 
 
 class GRPOSettings(_Section):
@@ -82,6 +86,9 @@ class GRPOSettings(_Section):
     eps_low: float = Field(0.2, gt=0, lt=1, description="lower clip: ratio >= 1 - eps_low")
     eps_high: float = Field(0.28, gt=0, description="upper clip: ratio <= 1 + eps_high (DAPO clip-higher)")
     kl_coef: float = Field(0.0, ge=0, description="weight of the k3 KL to the reference (initial) policy; 0 = off")
+    guard_kl_coef: float | None = Field(None, ge=0, description="the KL weight on guard-task episodes (the champion's "
+                                        "registry); unset = kl_coef. Higher holds the guard closer to the champion "
+                                        "without slowing the target's learning")
     max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping norm")
     minibatches: int = Field(1, ge=1, description="optimizer steps per rollout batch")
     micro_batch_tokens: int = Field(8192, ge=512, description="padded tokens per forward/backward (memory bound)")

@@ -135,12 +135,20 @@ def _unbound_proxies_hidden():
 class VLLMBackend:
     name = "vllm"
 
-    def __init__(self, model_dir: str, max_len: int = 512, kv_cache_mb: int = 256, seed: int = 0):
+    def __init__(self, model_dir: str, max_len: int = 512, kv_cache_mb: int = 256, seed: int = 0,
+                 weight_transfer: bool = False):
+        """`weight_transfer`: build the engine with vLLM's weight-transfer engine (NCCL on CUDA, gloo on CPU;
+        tasks/rl/weight_transfer.py), so that a trainer can broadcast weights into it."""
         # In-process engine (no engine-core subprocess inside a Ray actor or a test). On CPU the
         # "uni" executor silently becomes "mp" unless this is "0" before vllm is imported.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         from vllm import LLM
 
+        extra = {}
+        if weight_transfer:
+            from tasks.rl.weight_transfer import engine_transfer_config
+
+            extra["weight_transfer_config"] = engine_transfer_config("cuda" if torch.cuda.is_available() else "cpu")
         with _unbound_proxies_hidden():
             self.llm = LLM(
                 model=str(model_dir), skip_tokenizer_init=True, dtype="float32", max_model_len=max_len,
@@ -152,17 +160,37 @@ class VLLMBackend:
                 # not use offset"); whole prompts per step keep replays exact
                 enable_chunked_prefill=False, enable_prefix_caching=True,
                 # logprobs of the distribution actually sampled from (after temperature)
-                logprobs_mode="processed_logprobs",
+                logprobs_mode="processed_logprobs", **extra,
             )
         self.engine = self.llm.llm_engine
         self._next_id = 0
 
     def load_weights(self, state_dict: dict) -> None:
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(state_dict.items())})
+        self._reset_prefix_cache()
+
+    def _reset_prefix_cache(self) -> None:
         # the prefix cache holds KV computed with the old weights: without a reset, outputs silently
         # continue from stale keys and values
         if not self.llm.reset_prefix_cache():
             raise RuntimeError("could not reset vLLM's prefix cache: weights were reloaded with requests in flight")
+
+    # the engine side of a collective weight transfer (tasks/rl/weight_transfer.py), through vLLM's RL API
+    def init_weight_transfer(self, init_info: dict) -> None:
+        self.llm.init_weight_transfer_engine({"init_info": init_info})
+
+    def start_weight_update(self) -> None:
+        self.llm.start_weight_update()
+
+    def update_weights(self, update_info: dict) -> None:
+        self.llm.update_weights({"update_info": update_info})
+
+    def finish_weight_update(self) -> None:
+        self.llm.finish_weight_update()
+        self._reset_prefix_cache()
+
+    def shutdown_weight_transfer(self) -> None:
+        self.llm.shutdown_weight_transfer_engine()
 
     def _params(self, sampling: Sampling, max_tokens: int, seed: int):
         from vllm import SamplingParams

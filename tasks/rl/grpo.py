@@ -7,7 +7,8 @@ Departures from the GRPO paper (Shao et al., 2024), all by configuration:
 - the ratio is clipped asymmetrically, [1 - eps_low, 1 + eps_high] (DAPO's clip-higher);
 - the loss is aggregated per token over the whole batch (DAPO's token-level mean), not per sequence;
 - the KL term is the k3 estimator exp(ref - logp) - (ref - logp) - 1 against the initial policy (the
-  champion), per token, off when kl_coef is 0 (the shipped config uses 0.1);
+  champion), per token, off when kl_coef is 0; its weight may differ per sequence (the guard tasks,
+  from the champion's own registry, can be held closer to the champion than the target tasks);
 - only the model's own tokens carry loss: prompts and tool results are masked out.
 """
 from __future__ import annotations
@@ -45,10 +46,11 @@ def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tenso
 
 def clipped_policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
                         eps_low: float, eps_high: float, ref_logp: torch.Tensor | None = None,
-                        kl_coef: float = 0.0) -> tuple[torch.Tensor, dict]:
+                        kl_coef: float | torch.Tensor = 0.0) -> tuple[torch.Tensor, dict]:
     """Token-level clipped surrogate (to minimise) and diagnostics.
 
-    logp, old_logp, ref_logp, mask: [B, T]; advantages: [B] (one per sequence, broadcast over its tokens).
+    logp, old_logp, ref_logp, mask: [B, T]; advantages: [B] (one per sequence, broadcast over its tokens);
+    kl_coef: one weight, or [B] (one per sequence: the guard tasks may be held closer to the reference).
     """
     mask = mask.to(logp.dtype)
     n_tokens = mask.sum().clamp(min=1.0)
@@ -58,10 +60,11 @@ def clipped_policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: 
     clipped = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high) * adv
     per_token = -torch.minimum(unclipped, clipped)
     stats = {"clip_fraction": float(((unclipped != clipped).to(mask.dtype) * mask).sum() / n_tokens)}
-    if ref_logp is not None and kl_coef > 0:
+    coef = torch.as_tensor(kl_coef, dtype=logp.dtype)
+    if ref_logp is not None and bool((coef > 0).any()):
         delta = ref_logp - logp
         kl = torch.exp(delta) - delta - 1.0
-        per_token = per_token + kl_coef * kl
+        per_token = per_token + (coef.unsqueeze(-1) if coef.dim() else coef) * kl
         stats["kl"] = float((kl.detach() * mask).sum() / n_tokens)
     loss = (per_token * mask).sum() / n_tokens
     stats["ratio_mean"] = float((ratio.detach() * mask).sum() / n_tokens)

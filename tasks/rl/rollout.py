@@ -2,10 +2,12 @@
 
     pool = RolloutPool(model_dir, settings)          # starts settings.rollout.num_workers actors
     records = pool.run_batch(tasks, group_size=8, policy_version=0, out_dir=run_dir / "rollouts")
-    pool.sync_weights(state_dict, version=1)          # ray.put once, every engine reloads in place
+    pool.sync_weights(state_dict, version=1)          # every engine holds the new weights, policy_version 1
 
 A batch is `len(tasks) * group_size` episodes, cut into shards (two per actor, so a lost actor costs
-half its share). Each shard's records go to `step-{version}/shard-{k}.jsonl` atomically. If an actor
+half its share). New weights reach the engines by a broadcast from the trainer through vLLM's weight-
+transfer API (`rollout.weight_sync: collective`: NCCL on GPU, gloo on CPU; tasks/rl/weight_transfer.py) or
+through the Ray object store (`object_store`: one ray.put, every engine reloads it). Each shard's records go to `step-{version}/shard-{k}.jsonl` atomically. If an actor
 dies mid-batch, the pool starts a replacement, loads the current weights into it and reruns the lost
 shards; per-episode seeds make the rerun produce the same records, and `read_step` checks that the
 result is exactly the expected set.
@@ -31,7 +33,8 @@ class RolloutWorker:
     """One engine plus the episode loop; used as a Ray actor (see `RolloutPool`) or directly in tests."""
 
     def __init__(self, model_dir: str, backend: str = "vllm", max_len: int = 512, kv_cache_mb: int = 256,
-                 max_turns: int = 4, max_tokens_per_turn: int = 96, threads: int = 1, core: int | None = None):
+                 max_turns: int = 4, max_tokens_per_turn: int = 96, threads: int = 1, core: int | None = None,
+                 weight_transfer: bool = False):
         if core is not None and hasattr(os, "sched_setaffinity"):
             # two engines on two cores must not fight over one; vLLM's own binding is off in-process
             os.sched_setaffinity(0, {core % os.cpu_count()})
@@ -47,7 +50,8 @@ class RolloutWorker:
         if backend == "vllm":
             from tasks.policy.backends import VLLMBackend
 
-            self.backend = VLLMBackend(model_dir, max_len=max_len, kv_cache_mb=kv_cache_mb)
+            self.backend = VLLMBackend(model_dir, max_len=max_len, kv_cache_mb=kv_cache_mb,
+                                       weight_transfer=weight_transfer)
         else:
             from tasks.policy.backends import HFBackend
             from tasks.policy.model import load_model
@@ -64,6 +68,23 @@ class RolloutWorker:
         self.backend.load_weights(state_dict)
         self.policy_version = policy_version
         return time.time() - t0
+
+    # the engine side of the collective path (tasks/rl/weight_transfer.ActorGroupClient calls these)
+    def init_weight_transfer(self, init_info: dict) -> None:
+        self.backend.init_weight_transfer(init_info)
+
+    def start_weight_update(self) -> None:
+        self.backend.start_weight_update()
+
+    def update_weights(self, update_info: dict) -> None:
+        self.backend.update_weights(update_info)
+
+    def finish_weight_update(self, policy_version: int) -> None:
+        self.backend.finish_weight_update()
+        self.policy_version = policy_version
+
+    def shutdown_weight_transfer(self) -> None:
+        self.backend.shutdown_weight_transfer()
 
     def run_shard(self, shard: dict) -> dict:
         """Run the shard's episodes, write its records, return a summary (path, counts, tokens, seconds)."""
@@ -100,7 +121,8 @@ class RolloutPool:
         self._actor_cls = ray.remote(num_cpus=r.cpus_per_worker, max_restarts=0)(RolloutWorker)
         self.actors = actors or [self._start_actor(i) for i in range(r.num_workers)]
         self.policy_version = 0
-        self._weights_ref = None
+        self._weights = None  # the current weights, for a replacement actor
+        self._transfer = None  # the open collective group (CollectiveWeightSync), if that path is used
         infos = ray.get([a.info.remote() for a in self.actors])
         log.info("rollout pool: %d %s workers up (engine build %.1fs max)", len(infos), r.backend,
                  max(i["build_seconds"] for i in infos))
@@ -112,22 +134,49 @@ class RolloutPool:
                     "TOKENIZERS_PARALLELISM": "false", "PYTHONWARNINGS": "ignore"}
         return self._actor_cls.options(runtime_env={"env_vars": env_vars}).remote(
             self.model_dir, s.rollout.backend, s.model.max_len, s.rollout.kv_cache_mb, s.env.max_turns,
-            s.env.max_tokens_per_turn, core=self.first_core + index)
+            s.env.max_tokens_per_turn, core=self.first_core + index, weight_transfer=self.collective)
+
+    @property
+    def collective(self) -> bool:
+        r = self.settings.rollout
+        return r.weight_sync == "collective" and r.backend == "vllm"
 
     def sync_weights(self, state_dict: dict, version: int) -> float:
-        """Put the weights in the object store once; every engine reloads them in place. Returns seconds."""
+        """Every engine gets `state_dict` (tensors on the trainer's device) as policy `version`. Returns seconds."""
         t0 = time.time()
-        self._weights_ref = ray.put(state_dict)
-        ray.get([a.load_weights.remote(self._weights_ref, version) for a in self.actors])
+        self._weights = state_dict
+        if self.collective:
+            if self._transfer is None:
+                import torch
+
+                from tasks.rl.weight_transfer import CollectiveWeightSync
+
+                device = next(iter(state_dict.values())).device if state_dict else torch.device("cpu")
+                self._transfer = CollectiveWeightSync(self.actors, device, host=ray.util.get_node_ip_address())
+            self._transfer.send(state_dict, version)
+        else:
+            ref = ray.put(state_dict)
+            ray.get([a.load_weights.remote(ref, version) for a in self.actors])
         self.policy_version = version
         return time.time() - t0
 
+    def close_transfer(self) -> None:
+        """Release the collective group (the engines keep serving). Call it before another pool takes the
+        actors over: each engine belongs to one group at a time, and the newest init wins."""
+        if self._transfer is not None:
+            transfer, self._transfer = self._transfer, None
+            try:
+                transfer.close()
+            except Exception as e:  # a dead member cannot release its side; the group is dropped anyway
+                log.warning("closing the weight-transfer group: %s", e)
+
     def _replace(self, index: int):
         log.warning("rollout worker %d died; starting a replacement at policy v%d", index, self.policy_version)
-        actor = self._start_actor(index)
-        if self._weights_ref is not None:
-            ray.get(actor.load_weights.remote(self._weights_ref, self.policy_version))
-        self.actors[index] = actor
+        # a collective group includes the dead engine: drop it, the next sync opens one with the new set
+        self.close_transfer()
+        self.actors[index] = self._start_actor(index)
+        if self._weights is not None:
+            self.sync_weights(self._weights, self.policy_version)
 
     def run_batch(self, tasks: list[Task], group_size: int, out_dir: str | Path, seed: int,
                   temperature: float | None = None, max_attempts: int = 3) -> list[dict]:
@@ -178,6 +227,7 @@ class RolloutPool:
         return EvalResult([row for part in ray.get(refs) for row in part])
 
     def shutdown(self) -> None:
+        self.close_transfer()
         for a in self.actors:
             ray.kill(a)
         self.actors = []

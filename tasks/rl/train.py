@@ -30,10 +30,16 @@ from tasks.rl.grpo import clipped_policy_loss, group_advantages, pad_batch, sequ
 log = logging.getLogger(__name__)
 
 
+def guard_count(grpo_settings) -> int:
+    """Guard tasks per step; they come last in `training_tasks`."""
+    return round(grpo_settings.tasks_per_step * grpo_settings.guard_share)
+
+
 def training_tasks(settings, step: int) -> list:
-    """The tasks of one step: deterministic in (seed, step), disjoint from the eval seeds."""
+    """The tasks of one step: deterministic in (seed, step), disjoint from the eval seeds. The target
+    registry's tasks first, then `guard_count` from the champion's registry."""
     env, g = get_env(settings.env.name), settings.grpo
-    n_guard = round(g.tasks_per_step * g.guard_share)
+    n_guard = guard_count(g)
     seed = 1_000_000 + g.seed * 10_000 + step
     target = env.generate_tasks(g.tasks_per_step - n_guard, seed, env.load_registry(settings.env.target_registry))
     guard = env.generate_tasks(n_guard, seed + 500_000, env.load_registry(settings.env.champion_registry)) if n_guard else []
@@ -69,6 +75,12 @@ def grpo_update(model, optimizer, records: list[dict], settings, pad_id: int, re
     # length-sorted micro-batches: little padding, bounded memory; gradients accumulate over them and
     # the token-level mean is taken over the whole mini-batch, as if it were one tensor
     keep.sort(key=lambda i: len(records[i]["prompt_ids"]) + len(records[i]["completion_ids"]))
+    first_guard = g.tasks_per_step - guard_count(g)
+    guard_kl = g.kl_coef if g.guard_kl_coef is None else g.guard_kl_coef
+
+    def kl_coef_of(record: dict) -> float:
+        return guard_kl if record["task_index"] >= first_guard else g.kl_coef
+
     micro = _micro_batches(keep, records, g.micro_batch_tokens)
     batches = []
     for mb in micro:
@@ -77,17 +89,18 @@ def grpo_update(model, optimizer, records: list[dict], settings, pad_id: int, re
         ids, attn, loss_mask = pad_batch(seqs, masks, pad_id)
         with torch.no_grad():
             old = sequence_token_logprobs(model, ids, attn)
-            ref = sequence_token_logprobs(ref_model, ids, attn) if ref_model is not None and g.kl_coef > 0 else None
-        batches.append((ids, attn, loss_mask, old, ref, torch.tensor([adv[i] for i in mb], dtype=torch.float32)))
+            ref = sequence_token_logprobs(ref_model, ids, attn) if ref_model is not None and max(g.kl_coef, guard_kl) > 0 else None
+        kl = torch.tensor([kl_coef_of(records[i]) for i in mb], dtype=torch.float32)
+        batches.append((ids, attn, loss_mask, old, ref, torch.tensor([adv[i] for i in mb], dtype=torch.float32), kl))
     model.train()
     losses, norms, clip, trained = [], [], 0.0, 0
     for group in [batches[k::g.minibatches] for k in range(g.minibatches)]:
         n_tokens = sum(float(b[2].sum()) for b in group)
         optimizer.zero_grad(set_to_none=True)
         total = 0.0
-        for ids, attn, loss_mask, old, ref, a in group:
+        for ids, attn, loss_mask, old, ref, a, kl in group:
             logp = sequence_token_logprobs(model, ids, attn)
-            loss, stats = clipped_policy_loss(logp, old, a, loss_mask, g.eps_low, g.eps_high, ref, g.kl_coef)
+            loss, stats = clipped_policy_loss(logp, old, a, loss_mask, g.eps_low, g.eps_high, ref, kl)
             share = float(loss_mask.sum()) / n_tokens
             (loss * share).backward()
             total += loss.item() * share
@@ -135,7 +148,7 @@ def grpo_loop(config: dict) -> None:
     if (ckpt := latest_checkpoint(ckpt_dir)) is not None:
         start = restore_checkpoint(ckpt, model, optimizer)["step"]
         log.info("resuming GRPO from %s (step %d of %d)", ckpt, start, g.steps)
-    ref_model = load_model(config["init_model"])[0] if g.kl_coef > 0 else None
+    ref_model = load_model(config["init_model"])[0] if max(g.kl_coef, g.guard_kl_coef or 0) > 0 else None
     if world > 1:
         model = ray.train.torch.prepare_model(model)
     pool = None
@@ -177,7 +190,9 @@ def grpo_loop(config: dict) -> None:
     if rank == 0:
         save_model(getattr(model, "module", model), tokenizer, run_dir / "model",
                    registry=get_env(settings.env.name).load_registry(settings.env.target_registry))
-        if not config.get("actors"):
+        if config.get("actors"):
+            pool.close_transfer()  # the engines go back to their owner, who opens its own group
+        else:
             pool.shutdown()
 
 

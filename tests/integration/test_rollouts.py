@@ -11,6 +11,7 @@ import torch
 from tasks.envs import desk, new_episode
 from tasks.policy.backends import HFBackend, Sampling
 from tasks.policy.model import build_model, state_dict_cpu
+from tasks.rl.rollout import RolloutPool
 
 pytestmark = pytest.mark.integration
 
@@ -34,13 +35,28 @@ def test_batch_of_64_episodes_on_two_actors(pool, tmp_path):
     assert len(pids) == 4  # two shards per actor
 
 
-def test_weight_sync_matches_hf_generate_token_for_token(pool, settings, tmp_path):
-    settings_new = settings.model.model_copy(update={"seed": 1234})
-    model, tok = build_model(settings_new)
+@pytest.mark.parametrize("weight_sync", ["collective", "object_store"])
+def test_weight_sync_matches_hf_generate_token_for_token(pool, settings, tmp_path, weight_sync):
+    """Both paths into the engines: the gloo broadcast through vLLM's weight-transfer API (what GRPO uses by
+    default) and the object store + reload_weights."""
+    assert pool.collective, "the session pool should use the default (collective) path"
+    model, tok = build_model(settings.model.model_copy(update={"seed": 1234 + len(weight_sync)}))
     sd = state_dict_cpu(model)
-    pool.sync_weights(sd, version=pool.policy_version + 1)
+    if weight_sync == "object_store":
+        # a second pool over the same engines, set to the other path
+        other = settings.model_copy(update={"rollout": settings.rollout.model_copy(update={"weight_sync": weight_sync})})
+        synced = RolloutPool(pool.model_dir, other, actors=pool.actors)
+        assert not synced.collective
+    else:
+        synced = pool
+    seconds = synced.sync_weights(sd, version=pool.policy_version + 1)
+    assert seconds < 30
+    if weight_sync == "collective":
+        assert pool._transfer is not None and pool._transfer.backend == "gloo"
     tasks = _tasks(6, seed=5)
-    records = pool.run_batch(tasks, group_size=1, out_dir=tmp_path, seed=0, temperature=0.0)
+    records = synced.run_batch(tasks, group_size=1, out_dir=tmp_path, seed=0, temperature=0.0)
+    if synced is not pool:  # the session pool installs the same weights: its state matches the engines again
+        pool.sync_weights(sd, version=synced.policy_version)
 
     hf = HFBackend(model, tok)
     limits = {"max_turns": settings.env.max_turns, "max_tokens_per_turn": settings.env.max_tokens_per_turn,

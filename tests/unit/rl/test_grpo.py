@@ -199,6 +199,19 @@ def test_kl_is_masked_and_token_averaged():
     assert loss.item() == pytest.approx(0.5 * kl0)
 
 
+def test_kl_weight_per_sequence():
+    # two one-token sequences with the same KL: weights 0.1 and 0.5 -> token mean of (0.1 + 0.5) * kl / 2
+    kl0 = math.exp(0.5) - 0.5 - 1.0
+    args = (_t([[0.0], [0.0]]), _t([[0.0], [0.0]]), _t([0.0, 0.0]), _t([[1.0], [1.0]]))
+    loss, _ = clipped_policy_loss(*args, eps_low=0.2, eps_high=0.28, ref_logp=_t([[0.5], [0.5]]),
+                                  kl_coef=torch.tensor([0.1, 0.5]))
+    assert loss.item() == pytest.approx(0.3 * kl0)
+    # one weight zero, the other not: the KL is still computed and applied where it is weighted
+    loss, stats = clipped_policy_loss(*args, eps_low=0.2, eps_high=0.28, ref_logp=_t([[0.5], [0.5]]),
+                                      kl_coef=torch.tensor([0.0, 0.4]))
+    assert loss.item() == pytest.approx(0.2 * kl0) and stats["kl"] == pytest.approx(kl0)
+
+
 # ---------------------------------------------------------------- token_logprobs
 
 def test_token_logprobs_position_t_minus_1_predicts_token_t():

@@ -73,3 +73,23 @@ def test_update_raises_logprob_of_rewarded_samples():
         grpo_update(model, opt, recs, s, tok.pad_id)
     after = [seq_logp(r) for r in recs]
     assert after[1] > before[1] and after[0] < before[0]  # reward 1 vs reward 0
+
+
+def test_guard_kl_weight_applies_to_guard_tasks_only():
+    # 3 tasks per step, a third of them guard: task_index 2 is the guard task
+    base = {"tasks_per_step": 3, "guard_share": 1 / 3, "kl_coef": 0.0}
+    model, tok = build_model(_settings().model)
+    ref = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.add_(0.05 * torch.randn_like(p))  # a reference the policy is measurably away from
+    recs = _records(tok)
+    sgd = lambda m: torch.optim.SGD(m.parameters(), lr=0.0)  # noqa: E731 - the loss is what is compared
+
+    def loss(records, **grpo):
+        m = copy.deepcopy(model)
+        return grpo_update(m, sgd(m), records, _settings(**base, **grpo), tok.pad_id, ref_model=ref)["loss"]
+
+    without_guard = [r for r in recs if r["task_index"] != 2]
+    assert loss(recs, guard_kl_coef=2.0) > loss(recs) + 1e-4  # the guard's KL enters the loss
+    assert abs(loss(without_guard, guard_kl_coef=2.0) - loss(without_guard)) < 1e-7  # and nothing else's

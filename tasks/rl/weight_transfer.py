@@ -1,0 +1,288 @@
+"""Weight transfer from the trainer into the rollout engines, through vLLM's weight-transfer API.
+
+    sync = CollectiveWeightSync(actors, device=torch.device("cpu"))   # "gloo" here, "nccl" on a GPU
+    sync.send(state_dict, version=3)      # every engine holds the new weights, policy_version 3
+    sync.close()
+
+One path for both devices. The trainer (rank 0) and every engine's worker (rank 1 + i) form one process
+group; each round the trainer broadcasts the weights while every engine receives them into vLLM's
+layerwise reload (`start_weight_update` / `update_weights` / `finish_weight_update` on the engine). On a
+GPU the backend is vLLM's own "nccl" engine (NCCL broadcast, device to device, packed buffers). On CPU
+it is "gloo", registered here: vLLM's NCCL engine with the NCCL communicator replaced by a torch gloo
+group, the weights travelling as one flat buffer per dtype (one broadcast instead of one per tensor).
+
+Departure from vLLM's Ray client: vLLM numbers an engine's rank from its data-parallel index, which
+assumes the engines are DP replicas of one deployment; ours are independent engines (one per Ray actor,
+each data-parallel index 0), so `ActorGroupClient` gives each engine its own `rank_offset`.
+
+The other path (`rollout.weight_sync: object_store`) puts the state dict into the Ray object store once
+and every engine reloads it with `collective_rpc("reload_weights")`; `bench/rl_step.py` times both.
+"""
+from __future__ import annotations
+
+import datetime
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+GLOO = "gloo"
+
+
+class GlooGroup:
+    """A torch gloo process group of its own (not the default group: Ray Train's workers already have
+    one), with the one collective the engines need."""
+
+    def __init__(self, store, rank: int, world_size: int, timeout_s: float):
+        import torch.distributed as dist
+
+        self.rank, self.world_size = rank, world_size
+        self._store = store  # the master's store must outlive the group
+        self._pg = dist.ProcessGroupGloo(dist.PrefixStore("evergreen-weights", store), rank, world_size,
+                                         datetime.timedelta(seconds=timeout_s))
+
+    def broadcast(self, tensor: torch.Tensor, src: int = 0, stream=None) -> None:
+        import torch.distributed as dist
+
+        opts = dist.BroadcastOptions()
+        opts.rootRank, opts.rootTensor = src, 0
+        self._pg.broadcast([tensor], opts).wait()
+
+    def destroy(self) -> None:
+        self._pg, self._store = None, None
+
+
+def open_store(host: str, port: int, world_size: int, is_master: bool, timeout_s: float):
+    import torch.distributed as dist
+
+    return dist.TCPStore(host, port, world_size, is_master=is_master, wait_for_workers=False,
+                         timeout=datetime.timedelta(seconds=timeout_s))
+
+
+def _numel(shape: list[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _flat_layout(names: list[str], dtypes: list[torch.dtype], shapes: list[list[int]]):
+    """Parameters grouped by dtype, in order: {dtype: [(name, offset, shape), ...], total numel}."""
+    layout: dict[torch.dtype, list] = {}
+    totals: dict[torch.dtype, int] = {}
+    for name, dtype, shape in zip(names, dtypes, shapes):
+        numel = _numel(shape)
+        layout.setdefault(dtype, []).append((name, totals.get(dtype, 0), list(shape)))
+        totals[dtype] = totals.get(dtype, 0) + numel
+    return layout, totals
+
+
+def _register_gloo() -> None:
+    """Add the "gloo" engine to vLLM's two weight-transfer registries (idempotent)."""
+    from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory, WeightTransferTrainerFactory
+    from vllm.distributed.weight_transfer.nccl_engine import (
+        NCCLTrainerWeightTransferEngine,
+        NCCLWeightTransferEngine,
+        NCCLWeightTransferUpdateInfo,
+    )
+    from vllm.distributed.weight_transfer.base import TrainerInitInfo, WeightTransferInitInfo
+
+    if GLOO in WeightTransferEngineFactory._registry and GLOO in WeightTransferTrainerFactory._registry:
+        return
+
+    @dataclass(kw_only=True)
+    class GlooWeightTransferInitInfo(WeightTransferInitInfo):
+        master_address: str
+        master_port: int
+        rank_offset: int
+        world_size: int
+        timeout_s: float = 300.0
+
+    @dataclass(kw_only=True)
+    class GlooTrainerInitInfo(TrainerInitInfo):
+        backend: ClassVar[str] = GLOO
+        master_address: str
+        world_size: int
+        timeout_s: float = 300.0
+
+    class GlooWeightTransferEngine(NCCLWeightTransferEngine):
+        """Engine side: vLLM's dense NCCL engine (layerwise reload kept) over a gloo group."""
+
+        init_info_cls = GlooWeightTransferInitInfo
+        update_info_cls = NCCLWeightTransferUpdateInfo
+
+        def init_transfer_engine(self, init_info) -> None:
+            p = self.parallel_config
+            rank = init_info.rank_offset + p.data_parallel_index * p.world_size + p.rank
+            store = open_store(init_info.master_address, init_info.master_port, init_info.world_size, False,
+                               init_info.timeout_s)
+            self.model_update_group = GlooGroup(store, rank, init_info.world_size, init_info.timeout_s)
+
+        def update_weights(self, update_info: dict[str, Any]) -> None:
+            # the base class ends with torch.accelerator.synchronize(); gloo's broadcast has completed
+            # when it returns, and a CPU-only process has no accelerator to synchronize
+            self.receive_weights(self.parse_update_info(update_info))
+
+        def receive_weights(self, update_info) -> None:
+            if self.model_update_group is None:
+                raise RuntimeError("gloo weight transfer not initialised: call init_weight_transfer_engine first")
+            dtypes = [getattr(torch, d) for d in update_info.dtype_names]
+            layout, totals = _flat_layout(update_info.names, dtypes, update_info.shapes)
+            for dtype, entries in layout.items():
+                flat = torch.empty(totals[dtype], dtype=dtype)
+                self.model_update_group.broadcast(flat, src=0)
+                self.model.load_weights([(name, flat[off:off + _numel(shape)].view(shape))
+                                         for name, off, shape in entries])
+
+    class GlooTrainerWeightTransferEngine(NCCLTrainerWeightTransferEngine):
+        """Trainer side: the NCCL trainer engine's round trip (start, receive while broadcasting, finish)."""
+
+        init_info_cls = GlooTrainerInitInfo
+
+        @classmethod
+        def trainer_init(cls, init_info, *, client, source=None):
+            if source is None:
+                raise ValueError("gloo weight transfer needs a WeightSource")
+            engine = cls(client=client, source=source, is_sender=init_info.is_sender, packed=False)
+            if not engine.is_sender:
+                return engine
+            # the store listens first, on a port the OS picks, so no port is guessed or raced for
+            store = open_store(init_info.master_address, 0, init_info.world_size, True, init_info.timeout_s)
+            worker_info = {"master_address": init_info.master_address, "master_port": store.port, "rank_offset": 1,
+                           "world_size": init_info.world_size, "timeout_s": init_info.timeout_s}
+            # the engines block in their group's rendezvous until the trainer joins it: start them first
+            with ThreadPoolExecutor(max_workers=1) as pool:
+                joined = pool.submit(client.init_weight_transfer_engine, worker_info)
+                engine.model_update_group = GlooGroup(store, 0, init_info.world_size, init_info.timeout_s)
+                joined.result()
+            return engine
+
+        def _broadcast(self, source, meta) -> None:
+            if not self.is_sender:
+                for _ in source:
+                    pass
+                return
+            tensors = dict(self._checked_iter(source, meta))
+            layout, totals = _flat_layout([m.name for m in meta], [m.dtype for m in meta],
+                                          [list(m.shape) for m in meta])
+            for dtype, entries in layout.items():
+                flat = torch.cat([tensors[name].reshape(-1) for name, _, _ in entries])
+                self.model_update_group.broadcast(flat, src=0)
+
+    WeightTransferEngineFactory.register_engine(GLOO, GlooWeightTransferEngine)
+    WeightTransferTrainerFactory.register_engine(GLOO, GlooTrainerWeightTransferEngine)
+
+
+def _free_port(host: str) -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def engine_transfer_config(device_type: str):
+    """The `weight_transfer_config` an engine is built with: vLLM's NCCL engine on CUDA, gloo elsewhere."""
+    from vllm.config.weight_transfer import WeightTransferConfig
+
+    if device_type == "cuda":
+        return WeightTransferConfig(backend="nccl")
+    _register_gloo()
+    return WeightTransferConfig(backend=GLOO)
+
+
+class StateDictSource:
+    """A vLLM `WeightSource` over the current state dict: `update()` swaps in each round's weights."""
+
+    def __init__(self, state_dict: dict[str, torch.Tensor] | None = None):
+        self.tensors = state_dict or {}
+
+    def update(self, state_dict: dict[str, torch.Tensor]) -> None:
+        self.tensors = state_dict
+
+    def metadata(self):
+        from vllm.distributed.weight_transfer.base import ParamMeta
+
+        return [ParamMeta(name, t.dtype, tuple(t.shape)) for name, t in self.tensors.items()]
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        return iter(self.tensors.items())
+
+
+class ActorGroupClient:
+    """vLLM's `VLLMWeightSyncClient` over our rollout actors: each call fans out to every actor and waits.
+
+    Each engine gets its own rank (`rank_offset` + its index); see the module docstring."""
+
+    def __init__(self, actors: list):
+        self.actors = list(actors)
+        self.version: int | None = None  # the policy version the round in flight installs
+
+    def _call_all(self, method: str, args_per_actor: list[tuple]) -> None:
+        import ray
+
+        ray.get([getattr(a, method).remote(*args) for a, args in zip(self.actors, args_per_actor)])
+
+    def _all(self, method: str, *args) -> None:
+        self._call_all(method, [args] * len(self.actors))
+
+    def init_weight_transfer_engine(self, init_info: dict) -> None:
+        self._call_all("init_weight_transfer", [({**init_info, "rank_offset": init_info["rank_offset"] + i},)
+                                                for i in range(len(self.actors))])
+
+    def start_weight_update(self) -> None:
+        self._all("start_weight_update")
+
+    def update_weights(self, update_info) -> None:
+        self._all("update_weights", update_info)
+
+    def finish_weight_update(self, weight_version: str | None = None) -> None:
+        # vLLM's trainer engines finish without a version; the round's policy version goes to every actor
+        self._all("finish_weight_update", self.version if weight_version is None else int(weight_version))
+
+    def shutdown_weight_transfer_engine(self) -> None:
+        self._all("shutdown_weight_transfer")
+
+
+class LocalWorkerClient(ActorGroupClient):
+    """The same over `RolloutWorker`s in this process (benchmarks, notebooks): plain calls, no Ray."""
+
+    def _call_all(self, method: str, args_per_actor: list[tuple]) -> None:
+        for worker, args in zip(self.actors, args_per_actor):
+            getattr(worker, method)(*args)
+
+
+class CollectiveWeightSync:
+    """Trainer side of the collective path: one group with the given actors' engines, one broadcast per
+    round. `close()` releases the group (the engines keep serving); a changed actor set needs a new one."""
+
+    def __init__(self, actors: list, device: torch.device, host: str, timeout_s: float = 300.0,
+                 client_cls: type[ActorGroupClient] = ActorGroupClient):
+        from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
+
+        self.client = client_cls(actors)
+        self.source = StateDictSource()
+        world = 1 + len(actors)
+        if device.type == "cuda":
+            from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
+
+            info = NCCLTrainerInitInfo(master_address=host, master_port=_free_port(host), world_size=world, rank=0)
+        else:
+            _register_gloo()
+            info = WeightTransferTrainerFactory._registry[GLOO]().init_info_cls(
+                master_address=host, world_size=world, timeout_s=timeout_s, rank=0)
+        self.backend = info.backend
+        self.engine = WeightTransferTrainerFactory.trainer_init(info, client=self.client, source=self.source)
+
+    def send(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        self.source.update(state_dict)
+        self.client.version = version
+        self.engine.send_weights()
+
+    def close(self) -> None:
+        try:
+            self.client.shutdown_weight_transfer_engine()
+        finally:
+            self.engine.shutdown()

@@ -1,0 +1,47 @@
+"""The gloo weight-transfer parts that need no engine: the flat layout and the group's broadcast.
+
+The whole path (trainer -> vLLM engines on Ray, token-for-token against HF generate) is in
+tests/integration/test_rollouts.py."""
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from tasks.rl.weight_transfer import GlooGroup, _flat_layout, open_store
+
+
+def test_flat_layout_groups_by_dtype_with_running_offsets():
+    layout, totals = _flat_layout(["a", "b", "c", "d"], [torch.float32, torch.bfloat16, torch.float32, torch.bfloat16],
+                                  [[2, 3], [4], [5], [1, 1]])
+    assert layout[torch.float32] == [("a", 0, [2, 3]), ("c", 6, [5])]
+    assert layout[torch.bfloat16] == [("b", 0, [4]), ("d", 4, [1, 1])]
+    assert totals == {torch.float32: 11, torch.bfloat16: 5}
+
+
+def test_gloo_group_broadcasts_from_rank_0_to_every_member():
+    world = 3
+    master = open_store("127.0.0.1", 0, world, True, 30)
+    received: dict[int, torch.Tensor] = {}
+    errors: list[BaseException] = []
+
+    def member(rank: int):
+        try:
+            store = master if rank == 0 else open_store("127.0.0.1", master.port, world, False, 30)
+            group = GlooGroup(store, rank, world, timeout_s=30)
+            t = torch.arange(10, dtype=torch.float32) if rank == 0 else torch.zeros(10)
+            group.broadcast(t, src=0)
+            received[rank] = t
+            group.destroy()
+        except BaseException as e:  # surfaced below: a thread's assertion would otherwise vanish
+            errors.append(e)
+
+    threads = [threading.Thread(target=member, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    assert set(received) == {0, 1, 2}
+    for t in received.values():
+        assert torch.equal(t, torch.arange(10, dtype=torch.float32))
