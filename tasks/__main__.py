@@ -129,7 +129,8 @@ def _ray_command(args, settings) -> int:
         if args.against:
             pool.sync_weights(load_file(Path(args.against) / "model.safetensors"), version=-1)
             second = evaluate_pool(pool, settings, args.registry)
-            out = {reg: compare(first[reg], second[reg]) for reg in args.registry}
+            out = {reg: {key: compare(first[reg], second[reg], key) for key in ("greedy_success", "sampled_success")}
+                   for reg in args.registry}
         print(json.dumps(out))
     return 0
 

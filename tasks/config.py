@@ -89,6 +89,10 @@ class GRPOSettings(_Section):
     guard_kl_coef: float | None = Field(None, ge=0, description="the KL weight on guard-task episodes (the champion's "
                                         "registry); unset = kl_coef. Higher holds the guard closer to the champion "
                                         "without slowing the target's learning")
+    demo_coef: float = Field(0.0, ge=0, description="weight of an SFT term on expert demonstrations of the champion's "
+                             "registry in every update (InstructGPT's PPO-ptx mix): holds the guard's skills while "
+                             "the target is learnt; 0 = off")
+    demo_batch: int = Field(16, ge=1, description="demonstrations per update when demo_coef > 0")
     max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping norm")
     minibatches: int = Field(1, ge=1, description="optimizer steps per rollout batch")
     micro_batch_tokens: int = Field(8192, ge=512, description="padded tokens per forward/backward (memory bound)")

@@ -22,12 +22,14 @@ from tasks.rl.grpo import pad_batch
 log = logging.getLogger(__name__)
 
 
-def demonstration_batch(env_name: str, tokenizer, n: int, seed: int, max_len: int) -> list[tuple[list[int], list[int]]]:
-    """(token ids, loss mask) of `n` expert episodes, built through the real episode loop."""
+def demonstration_batch(env_name: str, tokenizer, n: int, seed: int, max_len: int,
+                        registry: dict | None = None) -> list[tuple[list[int], list[int]]]:
+    """(token ids, loss mask) of `n` expert episodes, built through the real episode loop; random tool
+    schemas (the bootstrap's), or a registry's tools."""
     env = get_env(env_name)
     rng = random.Random(seed)
     out = []
-    for task in env.generate_tasks(n, seed):
+    for task in env.generate_tasks(n, seed, registry):
         ep = new_episode(task, tokenizer, max_len=max_len)
         for turn in env.demonstration(task, rng):
             ep.add_completion(tokenizer.encode(turn) + [tokenizer.eos_id])
@@ -37,6 +39,14 @@ def demonstration_batch(env_name: str, tokenizer, n: int, seed: int, max_len: in
             raise AssertionError(f"demonstration for {task.task_id} failed: {ep.score()['reason']}")
         out.append((ep.token_ids, ep.loss_mask))
     return out
+
+
+def demonstration_loss(model, batch: list[tuple[list[int], list[int]]], pad_id: int) -> torch.Tensor:
+    """Mean next-token NLL over the assistant's own tokens of a demonstration batch."""
+    ids, attn, mask = pad_batch([s for s, _ in batch], [m for _, m in batch], pad_id)
+    logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]
+    nll = F.cross_entropy(logits.reshape(-1, logits.size(-1)), ids[:, 1:].reshape(-1), reduction="none")
+    return (nll * mask.reshape(-1)).sum() / mask.sum()
 
 
 def lr_factor(step: int, total: int, warmup: float = 0.05, hold: float = 0.7) -> float:
@@ -63,10 +73,7 @@ def sft_train(model, tokenizer, settings, progress=None) -> list[float]:
     for step in range(b.steps):
         batch = demonstration_batch(settings.env.name, tokenizer, b.batch_size, seed=b.seed * 1_000_003 + step,
                                     max_len=settings.model.max_len)
-        ids, attn, mask = pad_batch([s for s, _ in batch], [m for _, m in batch], tokenizer.pad_id)
-        logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]
-        nll = F.cross_entropy(logits.reshape(-1, logits.size(-1)), ids[:, 1:].reshape(-1), reduction="none")
-        loss = (nll * mask.reshape(-1)).sum() / mask.sum()
+        loss = demonstration_loss(model, batch, tokenizer.pad_id)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

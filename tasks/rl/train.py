@@ -12,7 +12,10 @@ Departures: groups whose rewards are all equal carry no GRPO signal and are drop
 (as in DAPO's dynamic sampling, without resampling); the "old" log-probabilities are recomputed by the
 trainer before the update rather than taken from the engine, so engine/trainer numeric differences do
 not leak into the ratio (the engine's logprobs stay in the records for diagnosis). With several
-workers, each normalises the token-level loss over its own slice of the batch.
+workers, each normalises the token-level loss over its own slice of the batch. Optionally
+(`grpo.demo_coef`), every update also takes an SFT step on expert demonstrations of the champion's
+registry, as InstructGPT's PPO-ptx mixes pretraining gradients into PPO to keep what RL would erode;
+and the KL weight may differ between target and guard episodes (`grpo.guard_kl_coef`).
 """
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ from pathlib import Path
 import torch
 
 from tasks.envs import get_env
+from tasks.policy.sft import demonstration_batch, demonstration_loss
 from tasks.rl.grpo import clipped_policy_loss, group_advantages, pad_batch, sequence_token_logprobs
 
 log = logging.getLogger(__name__)
@@ -59,8 +63,12 @@ def _micro_batches(indices: list[int], records: list[dict], max_tokens: int) -> 
     return out + ([cur] if cur else [])
 
 
-def grpo_update(model, optimizer, records: list[dict], settings, pad_id: int, ref_model=None) -> dict:
-    """One GRPO update from a batch of rollout records; returns its metrics."""
+def grpo_update(model, optimizer, records: list[dict], settings, pad_id: int, ref_model=None,
+                demos: list | None = None) -> dict:
+    """One GRPO update from a batch of rollout records; returns its metrics.
+
+    `demos`: expert demonstrations ((ids, loss mask) pairs); with `grpo.demo_coef` > 0 their NLL joins
+    every optimizer step's loss, weighted by it (PPO-ptx)."""
     g = settings.grpo
     rewards = [r["reward"] for r in records]
     adv = group_advantages(rewards, [(r["task_index"], r["policy_version"]) for r in records], g.advantage)
@@ -93,7 +101,7 @@ def grpo_update(model, optimizer, records: list[dict], settings, pad_id: int, re
         kl = torch.tensor([kl_coef_of(records[i]) for i in mb], dtype=torch.float32)
         batches.append((ids, attn, loss_mask, old, ref, torch.tensor([adv[i] for i in mb], dtype=torch.float32), kl))
     model.train()
-    losses, norms, clip, trained = [], [], 0.0, 0
+    losses, norms, clip, trained, demo_nll = [], [], 0.0, 0, []
     for group in [batches[k::g.minibatches] for k in range(g.minibatches)]:
         n_tokens = sum(float(b[2].sum()) for b in group)
         optimizer.zero_grad(set_to_none=True)
@@ -105,6 +113,10 @@ def grpo_update(model, optimizer, records: list[dict], settings, pad_id: int, re
             (loss * share).backward()
             total += loss.item() * share
             clip += stats["clip_fraction"] * float(loss_mask.sum())
+        if demos and g.demo_coef > 0:
+            demo_loss = demonstration_loss(model, demos, pad_id)
+            (g.demo_coef * demo_loss).backward()
+            demo_nll.append(demo_loss.item())
         norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), g.max_grad_norm)))
         optimizer.step()
         losses.append(total)
@@ -112,6 +124,8 @@ def grpo_update(model, optimizer, records: list[dict], settings, pad_id: int, re
     model.eval()
     metrics.update(loss=sum(losses) / len(losses), grad_norm=max(norms), trained_tokens=trained,
                    clip_fraction=clip / max(trained, 1), micro_batches=len(batches))
+    if demo_nll:
+        metrics["demo_nll"] = sum(demo_nll) / len(demo_nll)
     return metrics
 
 
@@ -157,6 +171,7 @@ def grpo_loop(config: dict) -> None:
         # the engines may hold other weights (another model's eval): always start from the trainer's
         pool.sync_weights(state_dict_cpu(model), version=start)
     metrics_path = run_dir / "metrics.jsonl"
+    champion_registry = get_env(settings.env.name).load_registry(settings.env.champion_registry)
     for step in range(start, g.steps):
         t0 = time.time()
         records = None
@@ -170,7 +185,11 @@ def grpo_loop(config: dict) -> None:
             records = box[0][rank::world]
         if config.get("fail_at_step") == step:
             raise RuntimeError(f"injected failure at GRPO step {step} (fail_at_step)")
-        m = grpo_update(model, optimizer, records, settings, tokenizer.pad_id, ref_model)
+        demos = None
+        if g.demo_coef > 0:  # seeds disjoint from the bootstrap's and the tasks'
+            demos = demonstration_batch(settings.env.name, tokenizer, g.demo_batch, 3_000_000 + g.seed * 10_000 + step,
+                                        settings.model.max_len, registry=champion_registry)
+        m = grpo_update(model, optimizer, records, settings, tokenizer.pad_id, ref_model, demos)
         t_train = time.time() - t0 - t_roll
         version = step + 1
         sync_s = pool.sync_weights(state_dict_cpu(model), version) if rank == 0 else 0.0

@@ -49,6 +49,9 @@ def test_weight_sync_matches_hf_generate_token_for_token(pool, settings, tmp_pat
         assert not synced.collective
     else:
         synced = pool
+        # a round with other weights first: every round must replace what the last one installed
+        other_model, _ = build_model(settings.model.model_copy(update={"seed": 99}))
+        pool.sync_weights(state_dict_cpu(other_model), version=pool.policy_version + 1)
     seconds = synced.sync_weights(sd, version=pool.policy_version + 1)
     assert seconds < 30
     if weight_sync == "collective":

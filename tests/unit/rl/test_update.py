@@ -93,3 +93,26 @@ def test_guard_kl_weight_applies_to_guard_tasks_only():
     without_guard = [r for r in recs if r["task_index"] != 2]
     assert loss(recs, guard_kl_coef=2.0) > loss(recs) + 1e-4  # the guard's KL enters the loss
     assert abs(loss(without_guard, guard_kl_coef=2.0) - loss(without_guard)) < 1e-7  # and nothing else's
+
+
+def test_demonstration_term_joins_the_update_with_its_weight():
+    from tasks.policy.sft import demonstration_batch
+
+    model, tok = build_model(_settings().model)
+    recs = _records(tok)
+    demos = demonstration_batch("desk", tok, 4, seed=5, max_len=512)
+
+    def updated(**grpo):
+        m = copy.deepcopy(model)
+        metrics = grpo_update(m, torch.optim.SGD(m.parameters(), lr=0.1), recs, _settings(max_grad_norm=1e9, **grpo),
+                              tok.pad_id, demos=demos)
+        return m, metrics
+
+    plain, m0 = updated()
+    off, m_off = updated(demo_coef=0.0)
+    mixed, m_mix = updated(demo_coef=1.0)
+    assert "demo_nll" not in m0 and "demo_nll" not in m_off and m_mix["demo_nll"] > 0
+    assert all(torch.equal(p, q) for p, q in zip(plain.parameters(), off.parameters()))
+    # SGD: the mixed update is the plain one plus lr * the demonstrations' gradient
+    moved = sum(float((p - q).abs().sum()) for p, q in zip(mixed.parameters(), plain.parameters()))
+    assert moved > 1e-3
