@@ -76,7 +76,7 @@ def main() -> None:
 
     t0 = time.time()
     worker = RolloutWorker(str(model_dir), max_len=settings.model.max_len, kv_cache_mb=settings.rollout.kv_cache_mb,
-                           threads=os.cpu_count(), weight_transfer=True)
+                           threads=os.cpu_count(), weight_transfer="gloo")
     engine = worker.backend
     build_s = time.time() - t0
     eps, v_tokens, v_s, v_success = timed_rollout(engine)
@@ -94,7 +94,7 @@ def main() -> None:
     t0 = time.time()
     engine.load_weights(sd)
     object_store_s = time.time() - t0
-    sync = CollectiveWeightSync([worker], sd[next(iter(sd))].device, host="127.0.0.1", client_cls=LocalWorkerClient)
+    sync = CollectiveWeightSync([worker], "gloo", host="127.0.0.1", client_cls=LocalWorkerClient)
     sync.send(sd, version=1)  # the first round also forms the group: time the second
     t0 = time.time()
     sync.send(sd, version=2)

@@ -73,8 +73,11 @@ class RolloutSettings(_Section):
     kv_cache_mb: int = Field(256, ge=16, description="KV-cache memory per vLLM engine in MiB (4 KiB per token for the default model)")
     weight_sync: Literal["collective", "object_store"] = Field(
         "collective", description="how new weights reach the vLLM engines: 'collective' = a broadcast from the trainer "
-        "through vLLM's weight-transfer API (NCCL on GPU, gloo on CPU); 'object_store' = one ray.put, every engine "
-        "reloads it (collective_rpc reload_weights). The hf backend always uses the object store")
+        "through vLLM's weight-transfer API; 'object_store' = one ray.put, every engine reloads it (collective_rpc "
+        "reload_weights). The hf backend always uses the object store")
+    weight_transfer_backend: Literal["gloo", "nccl"] = Field(
+        "gloo", description="backend of the collective path: 'gloo' (CPU tensors; works with CPU or GPU engines) or "
+        "'nccl' (vLLM's NCCL engine: GPU to GPU, needs the trainer's weights on a GPU)")
 
 
 class GRPOSettings(_Section):

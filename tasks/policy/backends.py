@@ -136,9 +136,9 @@ class VLLMBackend:
     name = "vllm"
 
     def __init__(self, model_dir: str, max_len: int = 512, kv_cache_mb: int = 256, seed: int = 0,
-                 weight_transfer: bool = False):
-        """`weight_transfer`: build the engine with vLLM's weight-transfer engine (NCCL on CUDA, gloo on CPU;
-        tasks/rl/weight_transfer.py), so that a trainer can broadcast weights into it."""
+                 weight_transfer: str | None = None):
+        """`weight_transfer`: a vLLM weight-transfer backend ("gloo" or "nccl"; tasks/rl/weight_transfer.py)
+        to build the engine with, so that a trainer can broadcast weights into it."""
         # In-process engine (no engine-core subprocess inside a Ray actor or a test). On CPU the
         # "uni" executor silently becomes "mp" unless this is "0" before vllm is imported.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -148,7 +148,7 @@ class VLLMBackend:
         if weight_transfer:
             from tasks.rl.weight_transfer import engine_transfer_config
 
-            extra["weight_transfer_config"] = engine_transfer_config("cuda" if torch.cuda.is_available() else "cpu")
+            extra["weight_transfer_config"] = engine_transfer_config(weight_transfer)
         with _unbound_proxies_hidden():
             self.llm = LLM(
                 model=str(model_dir), skip_tokenizer_init=True, dtype="float32", max_model_len=max_len,

@@ -34,7 +34,7 @@ class RolloutWorker:
 
     def __init__(self, model_dir: str, backend: str = "vllm", max_len: int = 512, kv_cache_mb: int = 256,
                  max_turns: int = 4, max_tokens_per_turn: int = 96, threads: int = 1, core: int | None = None,
-                 weight_transfer: bool = False):
+                 weight_transfer: str | None = None):
         if core is not None and hasattr(os, "sched_setaffinity"):
             # two engines on two cores must not fight over one; vLLM's own binding is off in-process
             os.sched_setaffinity(0, {core % os.cpu_count()})
@@ -134,7 +134,8 @@ class RolloutPool:
                     "TOKENIZERS_PARALLELISM": "false", "PYTHONWARNINGS": "ignore"}
         return self._actor_cls.options(runtime_env={"env_vars": env_vars}).remote(
             self.model_dir, s.rollout.backend, s.model.max_len, s.rollout.kv_cache_mb, s.env.max_turns,
-            s.env.max_tokens_per_turn, core=self.first_core + index, weight_transfer=self.collective)
+            s.env.max_tokens_per_turn, core=self.first_core + index,
+            weight_transfer=self.settings.rollout.weight_transfer_backend if self.collective else None)
 
     @property
     def collective(self) -> bool:
@@ -147,12 +148,10 @@ class RolloutPool:
         self._weights = state_dict
         if self.collective:
             if self._transfer is None:
-                import torch
-
                 from tasks.rl.weight_transfer import CollectiveWeightSync
 
-                device = next(iter(state_dict.values())).device if state_dict else torch.device("cpu")
-                self._transfer = CollectiveWeightSync(self.actors, device, host=ray.util.get_node_ip_address())
+                self._transfer = CollectiveWeightSync(self.actors, self.settings.rollout.weight_transfer_backend,
+                                                      host=ray.util.get_node_ip_address())
             self._transfer.send(state_dict, version)
         else:
             ref = ray.put(state_dict)

@@ -1,15 +1,17 @@
 """Weight transfer from the trainer into the rollout engines, through vLLM's weight-transfer API.
 
-    sync = CollectiveWeightSync(actors, device=torch.device("cpu"))   # "gloo" here, "nccl" on a GPU
+    sync = CollectiveWeightSync(actors, "gloo", host="127.0.0.1")   # or "nccl" with the weights on a GPU
     sync.send(state_dict, version=3)      # every engine holds the new weights, policy_version 3
     sync.close()
 
-One path for both devices. The trainer (rank 0) and every engine's worker (rank 1 + i) form one process
-group; each round the trainer broadcasts the weights while every engine receives them into vLLM's
-layerwise reload (`start_weight_update` / `update_weights` / `finish_weight_update` on the engine). On a
-GPU the backend is vLLM's own "nccl" engine (NCCL broadcast, device to device, packed buffers). On CPU
-it is "gloo", registered here: vLLM's NCCL engine with the NCCL communicator replaced by a torch gloo
-group, the weights travelling as one flat buffer per dtype (one broadcast instead of one per tensor).
+The trainer (rank 0) and every engine's worker (rank 1 + i) form one process group; each round the
+trainer broadcasts the weights while every engine receives them into vLLM's layerwise reload
+(`start_weight_update` / `update_weights` / `finish_weight_update` on the engine). Two backends, chosen
+by `rollout.weight_transfer_backend` (engines are built for one): "nccl" is vLLM's own NCCL engine (GPU
+to GPU, packed buffers; it needs the trainer's weights on a GPU); "gloo", registered here, is vLLM's
+NCCL engine with the NCCL communicator replaced by a torch gloo group and the weights sent as one flat
+CPU buffer per dtype (one broadcast instead of one per tensor); it serves CPU engines, and GPU engines
+fed by a CPU trainer.
 
 Departure from vLLM's Ray client: vLLM numbers an engine's rank from its data-parallel index, which
 assumes the engines are DP replicas of one deployment; ours are independent engines (one per Ray actor,
@@ -183,14 +185,13 @@ def _free_port(host: str) -> int:
         return sock.getsockname()[1]
 
 
-def engine_transfer_config(device_type: str):
-    """The `weight_transfer_config` an engine is built with: vLLM's NCCL engine on CUDA, gloo elsewhere."""
+def engine_transfer_config(backend: str):
+    """The `weight_transfer_config` an engine is built with: vLLM's own "nccl", or our "gloo"."""
     from vllm.config.weight_transfer import WeightTransferConfig
 
-    if device_type == "cuda":
-        return WeightTransferConfig(backend="nccl")
-    _register_gloo()
-    return WeightTransferConfig(backend=GLOO)
+    if backend == GLOO:
+        _register_gloo()
+    return WeightTransferConfig(backend=backend)
 
 
 class StateDictSource:
@@ -258,14 +259,18 @@ class CollectiveWeightSync:
     """Trainer side of the collective path: one group with the given actors' engines, one broadcast per
     round. `close()` releases the group (the engines keep serving); a changed actor set needs a new one."""
 
-    def __init__(self, actors: list, device: torch.device, host: str, timeout_s: float = 300.0,
+    def __init__(self, actors: list, backend: str, host: str, timeout_s: float = 300.0,
                  client_cls: type[ActorGroupClient] = ActorGroupClient):
-        from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
-
         self.client = client_cls(actors)
         self.source = StateDictSource()
-        world = 1 + len(actors)
-        if device.type == "cuda":
+        self.backend, self.host, self.timeout_s = backend, host, timeout_s
+        self.engine = None  # the group forms at the first send, after the weights' device is checked
+
+    def _open(self) -> None:
+        from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
+
+        host, timeout_s, world = self.host, self.timeout_s, 1 + len(self.client.actors)
+        if self.backend == "nccl":
             from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
 
             info = NCCLTrainerInitInfo(master_address=host, master_port=_free_port(host), world_size=world, rank=0)
@@ -273,15 +278,21 @@ class CollectiveWeightSync:
             _register_gloo()
             info = WeightTransferTrainerFactory._registry[GLOO]().init_info_cls(
                 master_address=host, world_size=world, timeout_s=timeout_s, rank=0)
-        self.backend = info.backend
         self.engine = WeightTransferTrainerFactory.trainer_init(info, client=self.client, source=self.source)
 
     def send(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        if self.backend == "nccl" and not all(t.is_cuda for t in state_dict.values()):
+            raise ValueError("rollout.weight_transfer_backend=nccl sends CUDA tensors: the trainer's weights are on "
+                             "the CPU here; train on a GPU, or use weight_transfer_backend=gloo")
         self.source.update(state_dict)
         self.client.version = version
+        if self.engine is None:
+            self._open()
         self.engine.send_weights()
 
     def close(self) -> None:
+        if self.engine is None:
+            return
         try:
             self.client.shutdown_weight_transfer_engine()
         finally:

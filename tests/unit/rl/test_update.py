@@ -102,13 +102,13 @@ def test_demonstration_term_joins_the_update_with_its_weight():
     recs = _records(tok)
     demos = demonstration_batch("desk", tok, 4, seed=5, max_len=512)
 
-    def updated(**grpo):
+    def updated(with_demos=True, **grpo):
         m = copy.deepcopy(model)
         metrics = grpo_update(m, torch.optim.SGD(m.parameters(), lr=0.1), recs, _settings(max_grad_norm=1e9, **grpo),
-                              tok.pad_id, demos=demos)
+                              tok.pad_id, demos=demos if with_demos else None)
         return m, metrics
 
-    plain, m0 = updated()
+    plain, m0 = updated(with_demos=False, demo_coef=1.0)
     off, m_off = updated(demo_coef=0.0)
     mixed, m_mix = updated(demo_coef=1.0)
     assert "demo_nll" not in m0 and "demo_nll" not in m_off and m_mix["demo_nll"] > 0

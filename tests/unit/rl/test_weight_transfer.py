@@ -45,3 +45,15 @@ def test_gloo_group_broadcasts_from_rank_0_to_every_member():
     assert set(received) == {0, 1, 2}
     for t in received.values():
         assert torch.equal(t, torch.arange(10, dtype=torch.float32))
+
+
+def test_nccl_refuses_cpu_weights_before_any_rendezvous():
+    import pytest
+
+    from tasks.rl.weight_transfer import CollectiveWeightSync
+
+    sync = CollectiveWeightSync([object()], "nccl", host="127.0.0.1")
+    with pytest.raises(ValueError, match="weight_transfer_backend=gloo"):
+        sync.send({"w": torch.zeros(2)}, version=1)
+    assert sync.engine is None
+    sync.close()  # nothing was opened: nothing to release
