@@ -82,7 +82,10 @@ def _flat_layout(names: list[str], dtypes: list[torch.dtype], shapes: list[list[
 
 
 def _register_gloo() -> None:
-    """Add the "gloo" engine to vLLM's two weight-transfer registries (idempotent)."""
+    """Add the "gloo" engine to vLLM's two weight-transfer registries (idempotent).
+
+    The classes are defined here, on first use, because they subclass vLLM's: importing vLLM takes seconds,
+    and this module is imported wherever a rollout pool is, including pools that never use this path."""
     from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory, WeightTransferTrainerFactory
     from vllm.distributed.weight_transfer.nccl_engine import (
         NCCLTrainerWeightTransferEngine,
