@@ -6,8 +6,9 @@
 
 A batch is `len(tasks) * group_size` episodes, cut into shards (two per actor, so a lost actor costs
 half its share). New weights reach the engines by a broadcast from the trainer through vLLM's weight-
-transfer API (`rollout.weight_sync: collective`: NCCL on GPU, gloo on CPU; tasks/rl/weight_transfer.py) or
-through the Ray object store (`object_store`: one ray.put, every engine reloads it). Each shard's records go to `step-{version}/shard-{k}.jsonl` atomically. If an actor
+transfer API (`rollout.weight_sync: collective`, backend `rollout.weight_transfer_backend`: gloo or nccl;
+tasks/rl/weight_transfer.py) or through the Ray object store (`object_store`: one ray.put, every engine
+reloads it). Each shard's records go to `step-{version}/shard-{k}.jsonl` atomically. If an actor
 dies mid-batch, the pool starts a replacement, loads the current weights into it and reruns the lost
 shards; per-episode seeds make the rerun produce the same records, and `read_step` checks that the
 result is exactly the expected set.
