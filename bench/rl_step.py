@@ -8,7 +8,7 @@
   per turn. Keys: vllm_/hf_ episodes_per_s and tokens_per_s, and their ratio.
 - One GRPO update on the vLLM batch (grpo_step_s).
 - A weight sync into the engine beside one memcpy of the same bytes (weight_sync_s, memcpy_s): the
-  default path (a broadcast from the trainer through vLLM's weight-transfer API, gloo here, NCCL on a GPU;
+  default path (a broadcast from the trainer through vLLM's weight-transfer API, its gloo backend;
   weight_sync_collective_s) and the object-store path's reload (`collective_rpc("reload_weights")`,
   weight_sync_object_store_s), each with its prefix-cache reset. Trainer and engine share this process.
 

@@ -112,6 +112,16 @@ class GRPOSettings(_Section):
                              "raise eps_high or lower eps_low")
         return v
 
+    @property
+    def guard_kl(self) -> float:
+        """The KL weight on guard-task episodes: guard_kl_coef, or kl_coef when unset."""
+        return self.kl_coef if self.guard_kl_coef is None else self.guard_kl_coef
+
+    @property
+    def uses_reference(self) -> bool:
+        """Whether any episode carries a KL term, i.e. the reference model is needed."""
+        return max(self.kl_coef, self.guard_kl) > 0
+
 
 class EvalSettings(_Section):
     num_tasks: int = Field(150, ge=10, description="held-out tasks per registry")

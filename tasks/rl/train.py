@@ -84,10 +84,9 @@ def grpo_update(model, optimizer, records: list[dict], settings, pad_id: int, re
     # the token-level mean is taken over the whole mini-batch, as if it were one tensor
     keep.sort(key=lambda i: len(records[i]["prompt_ids"]) + len(records[i]["completion_ids"]))
     first_guard = g.tasks_per_step - guard_count(g)
-    guard_kl = g.kl_coef if g.guard_kl_coef is None else g.guard_kl_coef
 
     def kl_coef_of(record: dict) -> float:
-        return guard_kl if record["task_index"] >= first_guard else g.kl_coef
+        return g.guard_kl if record["task_index"] >= first_guard else g.kl_coef
 
     micro = _micro_batches(keep, records, g.micro_batch_tokens)
     batches = []
@@ -97,7 +96,7 @@ def grpo_update(model, optimizer, records: list[dict], settings, pad_id: int, re
         ids, attn, loss_mask = pad_batch(seqs, masks, pad_id)
         with torch.no_grad():
             old = sequence_token_logprobs(model, ids, attn)
-            ref = sequence_token_logprobs(ref_model, ids, attn) if ref_model is not None and max(g.kl_coef, guard_kl) > 0 else None
+            ref = sequence_token_logprobs(ref_model, ids, attn) if ref_model is not None and g.uses_reference else None
         kl = torch.tensor([kl_coef_of(records[i]) for i in mb], dtype=torch.float32)
         batches.append((ids, attn, loss_mask, old, ref, torch.tensor([adv[i] for i in mb], dtype=torch.float32), kl))
     model.train()
@@ -162,7 +161,7 @@ def grpo_loop(config: dict) -> None:
     if (ckpt := latest_checkpoint(ckpt_dir)) is not None:
         start = restore_checkpoint(ckpt, model, optimizer)["step"]
         log.info("resuming GRPO from %s (step %d of %d)", ckpt, start, g.steps)
-    ref_model = load_model(config["init_model"])[0] if max(g.kl_coef, g.guard_kl_coef or 0) > 0 else None
+    ref_model = load_model(config["init_model"])[0] if g.uses_reference else None
     if world > 1:
         model = ray.train.torch.prepare_model(model)
     pool = None
