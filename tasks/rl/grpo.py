@@ -60,7 +60,7 @@ def clipped_policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: 
     clipped = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high) * adv
     per_token = -torch.minimum(unclipped, clipped)
     stats = {"clip_fraction": float(((unclipped != clipped).to(mask.dtype) * mask).sum() / n_tokens)}
-    coef = torch.as_tensor(kl_coef, dtype=logp.dtype)
+    coef = torch.as_tensor(kl_coef, dtype=logp.dtype, device=logp.device)
     if ref_logp is not None and bool((coef > 0).any()):
         delta = ref_logp - logp
         kl = torch.exp(delta) - delta - 1.0
@@ -71,8 +71,10 @@ def clipped_policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: 
     return loss, stats
 
 
-def pad_batch(sequences: list[list[int]], masks: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Right-padded input_ids, attention_mask and the loss mask shifted to align with token_logprobs."""
+def pad_batch(sequences: list[list[int]], masks: list[list[int]], pad_id: int,
+              device: torch.device | str | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded input_ids, attention_mask and the loss mask shifted to align with token_logprobs,
+    on `device` (the model's; built on the CPU, moved once)."""
     width = max(len(s) for s in sequences)
     ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
     attn = torch.zeros((len(sequences), width), dtype=torch.long)
@@ -83,6 +85,8 @@ def pad_batch(sequences: list[list[int]], masks: list[list[int]], pad_id: int) -
         ids[i, : len(s)] = torch.tensor(s)
         attn[i, : len(s)] = 1
         loss_mask[i, : len(m)] = torch.tensor(m, dtype=torch.float32)
+    if device is not None:
+        ids, attn, loss_mask = ids.to(device), attn.to(device), loss_mask.to(device)
     return ids, attn, loss_mask[:, 1:]
 
 

@@ -119,7 +119,8 @@ class RolloutPool:
         # first_core: pools started side by side (one per probe shard) pin their engines to different cores
         self.model_dir, self.settings, self.first_core = str(model_dir), settings, first_core
         r = settings.rollout
-        self._actor_cls = ray.remote(num_cpus=r.cpus_per_worker, max_restarts=0)(RolloutWorker)
+        self._actor_cls = ray.remote(num_cpus=r.cpus_per_worker, num_gpus=r.gpus_per_worker,
+                                     max_restarts=0)(RolloutWorker)
         self.actors = actors or [self._start_actor(i) for i in range(r.num_workers)]
         self.policy_version = 0
         self._weights = None  # the current weights, for a replacement actor
@@ -143,9 +144,17 @@ class RolloutPool:
         r = self.settings.rollout
         return r.weight_sync == "collective" and r.backend == "vllm"
 
+    @property
+    def takes_device_weights(self) -> bool:
+        """Whether weights travel GPU to GPU (nccl, ipc); every other path sends CPU tensors."""
+        return self.collective and self.settings.rollout.weight_transfer_backend != "gloo"
+
     def sync_weights(self, state_dict: dict, version: int) -> float:
-        """Every engine gets `state_dict` (tensors on the trainer's device) as policy `version`. Returns seconds."""
+        """Every engine gets `state_dict` (a snapshot on the trainer's device, `state_dict_snapshot`) as policy
+        `version`; it is copied to the CPU unless the path moves GPU tensors. Returns seconds."""
         t0 = time.time()
+        if not self.takes_device_weights:
+            state_dict = {k: v.to("cpu") for k, v in state_dict.items()}
         self._weights = state_dict
         if self.collective:
             if self._transfer is None:

@@ -1,4 +1,5 @@
-"""GRPO training on Ray Train: the RL loop runs inside a TorchTrainer worker (gloo on CPU).
+"""GRPO training on Ray Train: the RL loop runs inside a TorchTrainer worker (gloo on CPU; on a GPU with
+`grpo.gpus_per_train_worker` > 0, NCCL between workers).
 
     python -m tasks train --init runs/local/champion --out runs/local/challenger
 
@@ -89,16 +90,18 @@ def grpo_update(model, optimizer, records: list[dict], settings, pad_id: int, re
         return g.guard_kl if record["task_index"] >= first_guard else g.kl_coef
 
     micro = _micro_batches(keep, records, g.micro_batch_tokens)
+    device = next(model.parameters()).device
     batches = []
     for mb in micro:
         seqs = [records[i]["prompt_ids"] + records[i]["completion_ids"] for i in mb]
         masks = [[0] * len(records[i]["prompt_ids"]) + records[i]["completion_mask"] for i in mb]
-        ids, attn, loss_mask = pad_batch(seqs, masks, pad_id)
+        ids, attn, loss_mask = pad_batch(seqs, masks, pad_id, device)
         with torch.no_grad():
             old = sequence_token_logprobs(model, ids, attn)
             ref = sequence_token_logprobs(ref_model, ids, attn) if ref_model is not None and g.uses_reference else None
-        kl = torch.tensor([kl_coef_of(records[i]) for i in mb], dtype=torch.float32)
-        batches.append((ids, attn, loss_mask, old, ref, torch.tensor([adv[i] for i in mb], dtype=torch.float32), kl))
+        kl = torch.tensor([kl_coef_of(records[i]) for i in mb], dtype=torch.float32, device=device)
+        a = torch.tensor([adv[i] for i in mb], dtype=torch.float32, device=device)
+        batches.append((ids, attn, loss_mask, old, ref, a, kl))
     model.train()
     losses, norms, clip, trained, demo_nll = [], [], 0.0, 0, []
     for group in [batches[k::g.minibatches] for k in range(g.minibatches)]:
@@ -136,9 +139,10 @@ def grpo_loop(config: dict) -> None:
     (tests inject a crash).
     """
     import ray.train
+    import ray.train.torch
 
     from tasks.config import Settings
-    from tasks.policy.model import load_model, save_model, state_dict_cpu
+    from tasks.policy.model import load_model, save_model, state_dict_snapshot
     from tasks.rl.checkpoint import latest_checkpoint, restore_checkpoint, save_checkpoint
     from tasks.rl.rollout import RolloutPool
 
@@ -155,20 +159,23 @@ def grpo_loop(config: dict) -> None:
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     torch.manual_seed(g.seed)
+    # on GPUs Ray Train gives each worker its device (CUDA_VISIBLE_DEVICES and the local rank)
+    device = ray.train.torch.get_device() if g.device == "cuda" else torch.device("cpu")
     model, tokenizer, _ = load_model(config["init_model"])
+    model.to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=g.lr, weight_decay=0.0, betas=(0.9, 0.99))
     start = 0
     if (ckpt := latest_checkpoint(ckpt_dir)) is not None:
         start = restore_checkpoint(ckpt, model, optimizer)["step"]
         log.info("resuming GRPO from %s (step %d of %d)", ckpt, start, g.steps)
-    ref_model = load_model(config["init_model"])[0] if g.uses_reference else None
+    ref_model = load_model(config["init_model"])[0].to(device) if g.uses_reference else None
     if world > 1:
         model = ray.train.torch.prepare_model(model)
     pool = None
     if rank == 0:
         pool = RolloutPool(config["init_model"], settings, actors=config.get("actors"))
         # the engines may hold other weights (another model's eval): always start from the trainer's
-        pool.sync_weights(state_dict_cpu(model), version=start)
+        pool.sync_weights(state_dict_snapshot(model), version=start)
     metrics_path = run_dir / "metrics.jsonl"
     champion_registry = get_env(settings.env.name).load_registry(settings.env.champion_registry)
     for step in range(start, g.steps):
@@ -191,7 +198,7 @@ def grpo_loop(config: dict) -> None:
         m = grpo_update(model, optimizer, records, settings, tokenizer.pad_id, ref_model, demos)
         t_train = time.time() - t0 - t_roll
         version = step + 1
-        sync_s = pool.sync_weights(state_dict_cpu(model), version) if rank == 0 else 0.0
+        sync_s = pool.sync_weights(state_dict_snapshot(model), version) if rank == 0 else 0.0
         m.update(step=version, rollout_s=t_roll, train_s=t_train, weight_sync_s=sync_s,
                  generated_tokens=sum(r["completion_tokens"] for r in records))
         report_kwargs = {}
@@ -216,7 +223,8 @@ def grpo_loop(config: dict) -> None:
 
 def run_grpo(settings, init_model: str | Path, run_dir: str | Path, fail_at_step: int | None = None,
              run_name: str = "grpo", actors: list | None = None):
-    """Fit GRPO with a Ray Train TorchTrainer (gloo on CPU); resumes from `run_dir/checkpoints` if present.
+    """Fit GRPO with a Ray Train TorchTrainer (gloo on CPU, NCCL on GPUs); resumes from `run_dir/checkpoints`
+    if present.
 
     The trainer's own controller takes no CPU (on 2 cores it would starve the workers); each worker
     holds one CPU, and the rollout actors it starts hold `rollout.cpus_per_worker` each.
@@ -229,11 +237,13 @@ def run_grpo(settings, init_model: str | Path, run_dir: str | Path, fail_at_step
     run_dir.mkdir(parents=True, exist_ok=True)
     config = {"settings": settings.model_dump(mode="json"), "init_model": str(Path(init_model).resolve()),
               "run_dir": str(run_dir), "fail_at_step": fail_at_step, "actors": actors}
+    g = settings.grpo
+    on_gpu = g.device == "cuda"
     trainer = TorchTrainer(
         grpo_loop, train_loop_config=config,
-        torch_config=TorchConfig(backend="gloo"),
-        scaling_config=ScalingConfig(num_workers=settings.grpo.num_train_workers, use_gpu=False,
-                                     resources_per_worker={"CPU": 1}),
+        torch_config=TorchConfig(backend="nccl" if on_gpu else "gloo"),
+        scaling_config=ScalingConfig(num_workers=g.num_train_workers, use_gpu=on_gpu,
+                                     resources_per_worker={"CPU": 1, **({"GPU": g.gpus_per_train_worker} if on_gpu else {})}),
         run_config=RunConfig(name=run_name, storage_path=str(run_dir / "ray_train"),
                              failure_config=FailureConfig(max_failures=0),
                              logging_config=ray.train.LoggingConfig(log_level="WARNING")),

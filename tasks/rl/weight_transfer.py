@@ -233,6 +233,9 @@ class ActorGroupClient:
         self._call_all(method, [args] * len(self.actors))
 
     def init_weight_transfer_engine(self, init_info: dict) -> None:
+        if "rank_offset" not in init_info:  # no process group to join (ipc): every engine gets the same
+            self._all("init_weight_transfer", init_info)
+            return
         self._call_all("init_weight_transfer", [({**init_info, "rank_offset": init_info["rank_offset"] + i},)
                                                 for i in range(len(self.actors))])
 
@@ -277,6 +280,10 @@ class CollectiveWeightSync:
             from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
 
             info = NCCLTrainerInitInfo(master_address=host, master_port=_free_port(host), world_size=world, rank=0)
+        elif self.backend == "ipc":  # same GPU: the engines map the trainer's tensors through CUDA IPC handles
+            from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerInitInfo
+
+            info = IPCTrainerInitInfo(rank=0)
         else:
             _register_gloo()
             info = WeightTransferTrainerFactory._registry[GLOO]().init_info_cls(
@@ -284,9 +291,10 @@ class CollectiveWeightSync:
         self.engine = WeightTransferTrainerFactory.trainer_init(info, client=self.client, source=self.source)
 
     def send(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
-        if self.backend == "nccl" and not all(t.is_cuda for t in state_dict.values()):
-            raise ValueError("rollout.weight_transfer_backend=nccl sends CUDA tensors: the trainer's weights are on "
-                             "the CPU here; train on a GPU, or use weight_transfer_backend=gloo")
+        if self.backend != GLOO and not all(t.is_cuda for t in state_dict.values()):
+            raise ValueError(f"rollout.weight_transfer_backend={self.backend} sends CUDA tensors: the trainer's weights "
+                             "are on the CPU here; train on a GPU (grpo.gpus_per_train_worker > 0), or use "
+                             "weight_transfer_backend=gloo")
         self.source.update(state_dict)
         self.client.version = version
         if self.engine is None:

@@ -81,6 +81,31 @@ def test_cross_field_error_names_a_real_override_variable(environ, variable):
     assert variable in _error(environ)
 
 
+@pytest.mark.parametrize("backend", ["nccl", "ipc"])
+def test_gpu_weight_transfer_needs_gpu_training_and_engines(backend):
+    msg = _error({"EVERGREEN_ROLLOUT__WEIGHT_TRANSFER_BACKEND": backend})
+    assert f"weight_transfer_backend={backend} moves weights GPU to GPU" in msg
+    assert "grpo.gpus_per_train_worker and rollout.gpus_per_worker" in msg and "weight_transfer_backend=gloo" in msg
+    on_gpus = {"EVERGREEN_ROLLOUT__WEIGHT_TRANSFER_BACKEND": backend, "EVERGREEN_ROLLOUT__GPUS_PER_WORKER": "0.25",
+               "EVERGREEN_GRPO__GPUS_PER_TRAIN_WORKER": "0.5"}
+    s = load_settings(environ=on_gpus)
+    assert s.grpo.device == "cuda" and s.rollout.gpus_per_worker == 0.25
+    # the object-store path never sends GPU tensors: no GPUs needed whatever the backend field says
+    load_settings(environ={"EVERGREEN_ROLLOUT__WEIGHT_TRANSFER_BACKEND": backend,
+                           "EVERGREEN_ROLLOUT__WEIGHT_SYNC": "object_store"})
+
+
+def test_ipc_weight_transfer_serves_one_trainer_worker():
+    msg = _error({"EVERGREEN_ROLLOUT__WEIGHT_TRANSFER_BACKEND": "ipc", "EVERGREEN_ROLLOUT__GPUS_PER_WORKER": "0.25",
+                  "EVERGREEN_GRPO__GPUS_PER_TRAIN_WORKER": "0.5", "EVERGREEN_GRPO__NUM_TRAIN_WORKERS": "2"})
+    assert "grpo.num_train_workers=1" in msg
+
+
+def test_cpu_is_the_default_device():
+    s = load_settings(environ={})
+    assert s.grpo.device == "cpu" and s.rollout.gpus_per_worker == 0 and s.rollout.weight_transfer_backend == "gloo"
+
+
 def test_negative_steps_raises_naming_field_and_variable():
     msg = _error({"EVERGREEN_GRPO__STEPS": "-1"})
     assert "grpo.steps" in msg and "EVERGREEN_GRPO__STEPS" in msg and "'-1'" in msg

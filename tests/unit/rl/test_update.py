@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 
+import pytest
 import torch
 
 from tasks.config import load_settings
@@ -116,3 +117,28 @@ def test_demonstration_term_joins_the_update_with_its_weight():
     # SGD: the mixed update is the plain one plus lr * the demonstrations' gradient
     moved = sum(float((p - q).abs().sum()) for p, q in zip(mixed.parameters(), plain.parameters()))
     assert moved > 1e-3
+
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"))]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_update_runs_where_the_model_lives(device):
+    """The GPU trainer's path (grpo.gpus_per_train_worker > 0): batches, KL reference and demonstrations
+    follow the model's device, and the result equals the CPU update."""
+    from tasks.policy.sft import demonstration_batch
+
+    s = _settings(kl_coef=0.1, demo_coef=0.5)
+    model, tok = build_model(s.model)
+    ref = copy.deepcopy(model)
+    recs, demos = _records(tok), demonstration_batch("desk", tok, 4, seed=5, max_len=512)
+    cpu_model = copy.deepcopy(model)
+    on_device = model.to(device)
+    m_dev = grpo_update(on_device, torch.optim.SGD(on_device.parameters(), lr=0.1), recs, s, tok.pad_id,
+                        ref_model=copy.deepcopy(ref).to(device), demos=demos)
+    m_cpu = grpo_update(cpu_model, torch.optim.SGD(cpu_model.parameters(), lr=0.1), recs, s, tok.pad_id,
+                        ref_model=ref, demos=demos)
+    assert all(p.device.type == device for p in on_device.parameters())
+    assert abs(m_dev["loss"] - m_cpu["loss"]) < 1e-4 and abs(m_dev["demo_nll"] - m_cpu["demo_nll"]) < 1e-4
+    for p, q in zip(on_device.parameters(), cpu_model.parameters()):
+        assert torch.allclose(p.cpu(), q, atol=1e-4)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 
+import pytest
 import torch
 
 from tasks.rl.weight_transfer import GlooGroup, _flat_layout, open_store
@@ -47,13 +48,30 @@ def test_gloo_group_broadcasts_from_rank_0_to_every_member():
         assert torch.equal(t, torch.arange(10, dtype=torch.float32))
 
 
-def test_nccl_refuses_cpu_weights_before_any_rendezvous():
-    import pytest
-
+@pytest.mark.parametrize("backend", ["nccl", "ipc"])
+def test_gpu_backends_refuse_cpu_weights_before_any_rendezvous(backend):
     from tasks.rl.weight_transfer import CollectiveWeightSync
 
-    sync = CollectiveWeightSync([object()], "nccl", host="127.0.0.1")
+    sync = CollectiveWeightSync([object()], backend, host="127.0.0.1")
     with pytest.raises(ValueError, match="weight_transfer_backend=gloo"):
         sync.send({"w": torch.zeros(2)}, version=1)
     assert sync.engine is None
     sync.close()  # nothing was opened: nothing to release
+
+
+def test_client_ranks_each_engine_or_sends_one_info_when_there_is_no_group():
+    from tasks.rl.weight_transfer import LocalWorkerClient
+
+    class Engine:
+        def __init__(self):
+            self.infos = []
+
+        def init_weight_transfer(self, info):
+            self.infos.append(info)
+
+    engines = [Engine(), Engine()]
+    client = LocalWorkerClient(engines)
+    client.init_weight_transfer_engine({"master_address": "h", "rank_offset": 1})  # gloo / nccl: one group
+    assert [e.infos[-1]["rank_offset"] for e in engines] == [1, 2]
+    client.init_weight_transfer_engine({"packed": False})  # ipc: no group, no ranks
+    assert [e.infos[-1] for e in engines] == [{"packed": False}] * 2
