@@ -10,9 +10,10 @@ written and reported to Ray Train; a restarted run resumes from the newest one a
 final step. Metrics per step go to `<run>/metrics.jsonl` and the Ray Train result.
 
 Departures: groups whose rewards are all equal carry no GRPO signal and are dropped from the update
-(as in DAPO's dynamic sampling, without resampling); the "old" log-probabilities are recomputed by the
-trainer before the update rather than taken from the engine, so engine/trainer numeric differences do
-not leak into the ratio (the engine's logprobs stay in the records for diagnosis). With several
+(as in DAPO's dynamic sampling, without resampling); the "old" log-probabilities are the trainer's, not the
+engine's, so engine/trainer numeric differences do not leak into the ratio (the engine's logprobs stay in
+the records for diagnosis); with one minibatch per batch (the default) they are the training forward's own,
+detached, which saves a forward pass; with several, a pass before the first optimizer step computes them. With several
 workers, each normalises the token-level loss over its own slice of the batch. Optionally
 (`grpo.demo_coef`), every update also takes an SFT step on expert demonstrations of the champion's
 registry, as InstructGPT's PPO-ptx mixes pretraining gradients into PPO to keep what RL would erode;
@@ -97,7 +98,10 @@ def grpo_update(model, optimizer, records: list[dict], settings, pad_id: int, re
         masks = [[0] * len(records[i]["prompt_ids"]) + records[i]["completion_mask"] for i in mb]
         ids, attn, loss_mask = pad_batch(seqs, masks, pad_id, device)
         with torch.no_grad():
-            old = sequence_token_logprobs(model, ids, attn)
+            # one optimizer step per batch: the policy that sampled is the one being trained, so the "old"
+            # log-probabilities are the training forward's own, detached (ratio 1, the gradient of the
+            # surrogate unchanged); a separate pass is needed only when earlier minibatches move the weights
+            old = sequence_token_logprobs(model, ids, attn) if g.minibatches > 1 else None
             ref = sequence_token_logprobs(ref_model, ids, attn) if ref_model is not None and g.uses_reference else None
         kl = torch.tensor([kl_coef_of(records[i]) for i in mb], dtype=torch.float32, device=device)
         a = torch.tensor([adv[i] for i in mb], dtype=torch.float32, device=device)
@@ -110,7 +114,7 @@ def grpo_update(model, optimizer, records: list[dict], settings, pad_id: int, re
         total = 0.0
         for ids, attn, loss_mask, old, ref, a, kl in group:
             logp = sequence_token_logprobs(model, ids, attn)
-            loss, stats = clipped_policy_loss(logp, old, a, loss_mask, g.eps_low, g.eps_high, ref, kl)
+            loss, stats = clipped_policy_loss(logp, logp.detach() if old is None else old, a, loss_mask, g.eps_low, g.eps_high, ref, kl)
             share = float(loss_mask.sum()) / n_tokens
             (loss * share).backward()
             total += loss.item() * share

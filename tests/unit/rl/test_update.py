@@ -142,3 +142,30 @@ def test_update_runs_where_the_model_lives(device):
     assert abs(m_dev["loss"] - m_cpu["loss"]) < 1e-4 and abs(m_dev["demo_nll"] - m_cpu["demo_nll"]) < 1e-4
     for p, q in zip(on_device.parameters(), cpu_model.parameters()):
         assert torch.allclose(p.cpu(), q, atol=1e-4)
+
+
+def test_one_minibatch_update_equals_the_update_with_a_separate_old_pass():
+    """minibatches=1 takes the "old" log-probabilities from the training forward itself (detached): the
+    same step as computing them in a no-grad pass first, one forward cheaper."""
+    from tasks.rl.grpo import clipped_policy_loss, group_advantages, pad_batch, sequence_token_logprobs
+
+    s = _settings(micro_batch_tokens=100_000, max_grad_norm=1e9)
+    model, tok = build_model(s.model)
+    reference = copy.deepcopy(model)
+    recs = _records(tok)
+    grpo_update(model, torch.optim.SGD(model.parameters(), lr=0.1), recs, s, tok.pad_id)
+
+    adv = group_advantages([r["reward"] for r in recs], [r["task_index"] for r in recs])
+    keep = [i for i, a in enumerate(adv) if abs(a) > 1e-8]
+    ids, attn, mask = pad_batch([recs[i]["prompt_ids"] + recs[i]["completion_ids"] for i in keep],
+                                [[0] * len(recs[i]["prompt_ids"]) + recs[i]["completion_mask"] for i in keep], tok.pad_id)
+    with torch.no_grad():
+        old = sequence_token_logprobs(reference, ids, attn)
+    loss, _ = clipped_policy_loss(sequence_token_logprobs(reference, ids, attn), old,
+                                  torch.tensor([adv[i] for i in keep]), mask, s.grpo.eps_low, s.grpo.eps_high)
+    loss.backward()
+    with torch.no_grad():
+        for p in reference.parameters():
+            p -= 0.1 * p.grad
+    for p, q in zip(model.parameters(), reference.parameters()):
+        assert torch.allclose(p, q, atol=1e-6)
