@@ -9,15 +9,15 @@ on the pool's engines (G samples per task) → one GRPO update → the new weigh
 written and reported to Ray Train; a restarted run resumes from the newest one and stops at the same
 final step. Metrics per step go to `<run>/metrics.jsonl` and the Ray Train result.
 
-Departures: groups whose rewards are all equal carry no GRPO signal and are dropped from the update
-(as in DAPO's dynamic sampling, without resampling); the "old" log-probabilities are the trainer's, not the
+Departures: groups whose rewards are all equal carry no GRPO signal and are dropped from the update (as in
+DAPO's dynamic sampling, without resampling); the "old" log-probabilities are the trainer's, not the
 engine's, so engine/trainer numeric differences do not leak into the ratio (the engine's logprobs stay in
-the records for diagnosis); with one minibatch per batch (the default) they are the training forward's own,
-detached, which saves a forward pass; with several, a pass before the first optimizer step computes them. With several
-workers, each normalises the token-level loss over its own slice of the batch. Optionally
-(`grpo.demo_coef`), every update also takes an SFT step on expert demonstrations of the champion's
-registry, as InstructGPT's PPO-ptx mixes pretraining gradients into PPO to keep what RL would erode;
-and the KL weight may differ between target and guard episodes (`grpo.guard_kl_coef`).
+the records for diagnosis); with one minibatch per batch (the default) they are the training forward's
+own, detached, which saves a forward pass; with several, a pass before the first optimizer step computes
+them. With several workers, each normalises the token-level loss over its own slice of the batch.
+Optionally (`grpo.demo_coef`), every update also takes an SFT step on expert demonstrations of the
+champion's registry, as InstructGPT's PPO-ptx mixes pretraining gradients into PPO to keep what RL would
+erode; and the KL weight may differ between target and guard episodes (`grpo.guard_kl_coef`).
 """
 from __future__ import annotations
 
@@ -101,7 +101,8 @@ def grpo_update(model, optimizer, records: list[dict], settings, pad_id: int, re
         total = 0.0
         for ids, attn, loss_mask, old, ref, a, kl in group:
             logp = sequence_token_logprobs(model, ids, attn)
-            loss, stats = clipped_policy_loss(logp, logp.detach() if old is None else old, a, loss_mask, g.eps_low, g.eps_high, ref, kl)
+            old = logp.detach() if old is None else old
+            loss, stats = clipped_policy_loss(logp, old, a, loss_mask, g.eps_low, g.eps_high, ref, kl)
             share = float(loss_mask.sum()) / n_tokens
             (loss * share).backward()
             total += loss.item() * share
@@ -231,8 +232,8 @@ def run_grpo(settings, init_model: str | Path, run_dir: str | Path, fail_at_step
     trainer = TorchTrainer(
         grpo_loop, train_loop_config=config,
         torch_config=TorchConfig(backend="nccl" if on_gpu else "gloo"),
-        scaling_config=ScalingConfig(num_workers=g.num_train_workers, use_gpu=on_gpu,
-                                     resources_per_worker={"CPU": 1, **({"GPU": g.gpus_per_train_worker} if on_gpu else {})}),
+        scaling_config=ScalingConfig(num_workers=g.num_train_workers, use_gpu=on_gpu, resources_per_worker={
+            "CPU": 1, **({"GPU": g.gpus_per_train_worker} if on_gpu else {})}),
         run_config=RunConfig(name=run_name, storage_path=str(run_dir / "ray_train"),
                              failure_config=FailureConfig(max_failures=0),
                              logging_config=ray.train.LoggingConfig(log_level="WARNING")),
