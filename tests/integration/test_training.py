@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def _train_cmd(tiny_model, run_dir, *extra):
     return [sys.executable, "-m", "tasks", "--set", "grpo.steps=4", "--set", "grpo.checkpoint_every=2",
             "--set", "grpo.tasks_per_step=4", "--set", "rollout.group_size=4", "--set", "env.max_tokens_per_turn=32",
+            "--set", "rollout.num_workers=1",  # one engine: checkpoints and resumption are what is tested here
             *extra, "train", "--init", str(tiny_model), "--run-dir", str(run_dir)]
 
 
