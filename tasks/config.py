@@ -61,8 +61,6 @@ class BootstrapSettings(_Section):
     steps: int = Field(900, ge=1, description="SFT steps that make the first champion")
     batch_size: int = Field(32, ge=1, description="episodes per SFT step")
     lr: float = Field(4e-3, gt=0, description="AdamW peak learning rate (warmup, hold, cosine decay)")
-    micro_batch_tokens: int = Field(2048, ge=256, description="padded tokens per forward/backward: a batch is cut "
-                                    "into length-sorted chunks (less padding; the gradient is the whole batch's)")
     seed: int = Field(1, description="seed of the random-schema demonstration tasks")
 
 

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from tasks.envs import get_env, new_episode
-from tasks.rl.grpo import length_chunks, pad_batch
+from tasks.rl.grpo import pad_batch
 
 log = logging.getLogger(__name__)
 
@@ -41,32 +41,13 @@ def demonstration_batch(env_name: str, tokenizer, n: int, seed: int, max_len: in
     return out
 
 
-def _summed_nll(model, batch: list[tuple[list[int], list[int]]], pad_id: int) -> torch.Tensor:
-    """Sum of the next-token NLL over the assistant's own tokens of `batch` (one padded tensor)."""
+def demonstration_loss(model, batch: list[tuple[list[int], list[int]]], pad_id: int) -> torch.Tensor:
+    """Mean next-token NLL over the assistant's own tokens of a demonstration batch."""
     device = next(model.parameters()).device
     ids, attn, mask = pad_batch([s for s, _ in batch], [m for _, m in batch], pad_id, device)
     logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]
     nll = F.cross_entropy(logits.reshape(-1, logits.size(-1)), ids[:, 1:].reshape(-1), reduction="none")
-    return (nll * mask.reshape(-1)).sum()
-
-
-def demonstration_loss(model, batch: list[tuple[list[int], list[int]]], pad_id: int) -> torch.Tensor:
-    """Mean next-token NLL over the assistant's own tokens of a demonstration batch."""
-    return _summed_nll(model, batch, pad_id) / sum(sum(m) for _, m in batch)
-
-
-def demonstration_backward(model, batch: list[tuple[list[int], list[int]]], pad_id: int, max_tokens: int,
-                           weight: float = 1.0) -> float:
-    """Backpropagate `weight` x `demonstration_loss` in length-sorted chunks of at most `max_tokens` padded
-    tokens (the gradient of the whole batch's mean, with less padding: demonstrations vary in length by a
-    third); returns the mean NLL."""
-    n_tokens = sum(sum(m) for _, m in batch)
-    total = 0.0
-    for chunk in length_chunks([len(ids) for ids, _ in batch], max_tokens):
-        nll = _summed_nll(model, [batch[i] for i in chunk], pad_id) / n_tokens
-        (weight * nll).backward()
-        total += nll.item()
-    return total
+    return (nll * mask.reshape(-1)).sum() / mask.sum()
 
 
 def lr_factor(step: int, total: int, warmup: float = 0.05, hold: float = 0.7) -> float:
@@ -93,11 +74,13 @@ def sft_train(model, tokenizer, settings, progress=None) -> list[float]:
     for step in range(b.steps):
         batch = demonstration_batch(settings.env.name, tokenizer, b.batch_size, seed=b.seed * 1_000_003 + step,
                                     max_len=settings.model.max_len)
+        loss = demonstration_loss(model, batch, tokenizer.pad_id)
         opt.zero_grad(set_to_none=True)
-        losses.append(demonstration_backward(model, batch, tokenizer.pad_id, b.micro_batch_tokens))
+        loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
+        losses.append(loss.item())
         if progress:
             progress(step + 1, b.steps, losses[-1])
         elif (step + 1) % 25 == 0 or step + 1 == b.steps:

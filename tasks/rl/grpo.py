@@ -90,21 +90,6 @@ def pad_batch(sequences: list[list[int]], masks: list[list[int]], pad_id: int,
     return ids, attn, loss_mask[:, 1:]
 
 
-def length_chunks(lengths: list[int], max_tokens: int) -> list[list[int]]:
-    """Indices of `lengths`, sorted by length, grouped so that each group's padded size (its longest
-    sequence times its count) stays within `max_tokens`: little padding, bounded memory. A sequence longer
-    than the budget gets a group of its own."""
-    out, cur, width = [], [], 0
-    for i in sorted(range(len(lengths)), key=lambda i: lengths[i]):
-        n = lengths[i]
-        if cur and max(width, n) * (len(cur) + 1) > max_tokens:
-            out.append(cur)
-            cur, width = [], 0
-        cur.append(i)
-        width = max(width, n)
-    return out + ([cur] if cur else [])
-
-
 def sequence_token_logprobs(model, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
     logits = model(input_ids=ids, attention_mask=attn).logits
     return token_logprobs(logits, ids)

@@ -30,8 +30,8 @@ from pathlib import Path
 import torch
 
 from tasks.envs import get_env
-from tasks.policy.sft import demonstration_backward, demonstration_batch
-from tasks.rl.grpo import clipped_policy_loss, group_advantages, length_chunks, pad_batch, sequence_token_logprobs
+from tasks.policy.sft import demonstration_batch, demonstration_loss
+from tasks.rl.grpo import clipped_policy_loss, group_advantages, pad_batch, sequence_token_logprobs
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +50,19 @@ def training_tasks(settings, step: int) -> list:
     target = env.generate_tasks(g.tasks_per_step - n_guard, seed, env.load_registry(settings.env.target_registry))
     guard = env.generate_tasks(n_guard, seed + 500_000, env.load_registry(settings.env.champion_registry)) if n_guard else []
     return target + guard
+
+
+def _micro_batches(indices: list[int], records: list[dict], max_tokens: int) -> list[list[int]]:
+    """Consecutive (length-sorted) indices grouped so that padded size stays under max_tokens."""
+    out, cur, width = [], [], 0
+    for i in indices:
+        n = len(records[i]["prompt_ids"]) + len(records[i]["completion_ids"])
+        if cur and max(width, n) * (len(cur) + 1) > max_tokens:
+            out.append(cur)
+            cur, width = [], 0
+        cur.append(i)
+        width = max(width, n)
+    return out + ([cur] if cur else [])
 
 
 def grpo_update(model, optimizer, records: list[dict], settings, pad_id: int, ref_model=None,
@@ -71,13 +84,13 @@ def grpo_update(model, optimizer, records: list[dict], settings, pad_id: int, re
         return metrics
     # length-sorted micro-batches: little padding, bounded memory; gradients accumulate over them and
     # the token-level mean is taken over the whole mini-batch, as if it were one tensor
+    keep.sort(key=lambda i: len(records[i]["prompt_ids"]) + len(records[i]["completion_ids"]))
     first_guard = g.tasks_per_step - guard_count(g)
 
     def kl_coef_of(record: dict) -> float:
         return g.guard_kl if record["task_index"] >= first_guard else g.kl_coef
 
-    lengths = [len(records[i]["prompt_ids"]) + len(records[i]["completion_ids"]) for i in keep]
-    micro = [[keep[k] for k in chunk] for chunk in length_chunks(lengths, g.micro_batch_tokens)]
+    micro = _micro_batches(keep, records, g.micro_batch_tokens)
     device = next(model.parameters()).device
     batches = []
     for mb in micro:
@@ -108,7 +121,9 @@ def grpo_update(model, optimizer, records: list[dict], settings, pad_id: int, re
             total += loss.item() * share
             clip += stats["clip_fraction"] * float(loss_mask.sum())
         if demos and g.demo_coef > 0:
-            demo_nll.append(demonstration_backward(model, demos, pad_id, g.micro_batch_tokens, weight=g.demo_coef))
+            demo_loss = demonstration_loss(model, demos, pad_id)
+            (g.demo_coef * demo_loss).backward()
+            demo_nll.append(demo_loss.item())
         norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), g.max_grad_norm)))
         optimizer.step()
         losses.append(total)
