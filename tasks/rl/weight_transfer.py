@@ -6,12 +6,13 @@
 
 The trainer (rank 0) and every engine's worker (rank 1 + i) form one process group; each round the
 trainer broadcasts the weights while every engine receives them into vLLM's layerwise reload
-(`start_weight_update` / `update_weights` / `finish_weight_update` on the engine). Two backends, chosen
+(`start_weight_update` / `update_weights` / `finish_weight_update` on the engine). Three backends, chosen
 by `rollout.weight_transfer_backend` (engines are built for one): "nccl" is vLLM's own NCCL engine (GPU
-to GPU, packed buffers; it needs the trainer's weights on a GPU); "gloo", registered here, is vLLM's
-NCCL engine with the NCCL communicator replaced by a torch gloo group and the weights sent as one flat
-CPU buffer per dtype (one broadcast instead of one per tensor); it serves CPU engines, and GPU engines
-fed by a CPU trainer.
+to GPU, packed buffers; trainer and engines on different GPUs); "ipc" is vLLM's CUDA IPC engine (trainer
+and engines on one GPU: the engines map the trainer's tensors, no process group); "gloo", registered here,
+is vLLM's NCCL engine with the NCCL communicator replaced by a torch gloo group and the weights sent as one
+flat CPU buffer per dtype (one broadcast instead of one per tensor); it serves CPU engines, and GPU engines
+fed by a CPU trainer. nccl and ipc have not run here (no GPU machine with vLLM).
 
 Departure from vLLM's Ray client: vLLM numbers an engine's rank from its data-parallel index, which
 assumes the engines are DP replicas of one deployment; ours are independent engines (one per Ray actor,
