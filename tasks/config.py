@@ -83,6 +83,11 @@ class RolloutSettings(_Section):
         "'nccl' (vLLM's NCCL engine: GPU to GPU, trainer and engines on different GPUs) or 'ipc' (vLLM's CUDA IPC "
         "engine: trainer and engines share one GPU, no copy). nccl and ipc need GPU training and GPU engines")
 
+    @property
+    def gpu_weight_transfer(self) -> bool:
+        """Whether new weights travel GPU to GPU (the collective path over nccl or ipc)."""
+        return self.weight_sync == "collective" and self.weight_transfer_backend in ("nccl", "ipc")
+
 
 class GRPOSettings(_Section):
     steps: int = Field(30, ge=1, description="policy updates (each: one rollout batch, one gradient step)")
@@ -268,7 +273,7 @@ class Settings(_Section):
     @model_validator(mode="after")
     def _gpu_transfer_needs_gpus(self):
         r = self.rollout
-        if r.weight_sync == "collective" and r.weight_transfer_backend in ("nccl", "ipc"):
+        if r.gpu_weight_transfer:
             missing = [f for f, v in (("grpo.gpus_per_train_worker", self.grpo.gpus_per_train_worker),
                                       ("rollout.gpus_per_worker", r.gpus_per_worker)) if v <= 0]
             if r.backend != "vllm":

@@ -6,7 +6,7 @@
 
 A batch is `len(tasks) * group_size` episodes, cut into shards (two per actor, so a lost actor costs
 half its share). New weights reach the engines by a broadcast from the trainer through vLLM's weight-
-transfer API (`rollout.weight_sync: collective`, backend `rollout.weight_transfer_backend`: gloo or nccl;
+transfer API (`rollout.weight_sync: collective`, backend `rollout.weight_transfer_backend`: gloo, nccl or ipc;
 tasks/rl/weight_transfer.py) or through the Ray object store (`object_store`: one ray.put, every engine
 reloads it). Each shard's records go to `step-{version}/shard-{k}.jsonl` atomically. If an actor
 dies mid-batch, the pool starts a replacement, loads the current weights into it and reruns the lost
@@ -144,16 +144,11 @@ class RolloutPool:
         r = self.settings.rollout
         return r.weight_sync == "collective" and r.backend == "vllm"
 
-    @property
-    def takes_device_weights(self) -> bool:
-        """Whether weights travel GPU to GPU (nccl, ipc); every other path sends CPU tensors."""
-        return self.collective and self.settings.rollout.weight_transfer_backend != "gloo"
-
     def sync_weights(self, state_dict: dict, version: int) -> float:
         """Every engine gets `state_dict` (a snapshot on the trainer's device, `state_dict_snapshot`) as policy
         `version`; it is copied to the CPU unless the path moves GPU tensors. Returns seconds."""
         t0 = time.time()
-        if not self.takes_device_weights:
+        if not self.settings.rollout.gpu_weight_transfer:  # settings guarantee vLLM engines on GPUs otherwise
             state_dict = {k: v.to("cpu") for k, v in state_dict.items()}
         self._weights = state_dict
         if self.collective:
