@@ -112,6 +112,27 @@ class RolloutWorker:
         return evaluate(self.backend, tasks, self.tokenizer, samples, temperature, seed, self.limits, first_index).table
 
 
+def uses_collective_sync(settings) -> bool:
+    """Whether weights reach the engines through a weight-transfer group (else the object store)."""
+    r = settings.rollout
+    return r.weight_sync == "collective" and r.backend == "vllm"
+
+
+def start_rollout_actors(model_dir: str | Path, settings, first_core: int = 0, indices=None) -> list:
+    """Start rollout actors without waiting for their engines (a build takes 10-45 s here), so a caller can
+    overlap that with its own start-up; `RolloutPool(actors=...)` waits for them."""
+    r = settings.rollout
+    actor_cls = ray.remote(num_cpus=r.cpus_per_worker, num_gpus=r.gpus_per_worker, max_restarts=0)(RolloutWorker)
+    # set before the actor process imports torch/vllm: thread counts cannot be changed afterwards
+    env_vars = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "1", "VLLM_LOGGING_LEVEL": "ERROR",
+                "TOKENIZERS_PARALLELISM": "false", "PYTHONWARNINGS": "ignore"}
+    transfer = r.weight_transfer_backend if uses_collective_sync(settings) else None
+    return [actor_cls.options(runtime_env={"env_vars": env_vars}).remote(
+                str(model_dir), r.backend, settings.model.max_len, r.kv_cache_mb, settings.env.max_turns,
+                settings.env.max_tokens_per_turn, core=first_core + i, weight_transfer=transfer)
+            for i in (range(r.num_workers) if indices is None else indices)]
+
+
 class RolloutPool:
     """Driver-side handle on the rollout actors: start, sync weights, run batches, replace lost actors."""
 
@@ -119,9 +140,7 @@ class RolloutPool:
         # first_core: pools started side by side (one per probe shard) pin their engines to different cores
         self.model_dir, self.settings, self.first_core = str(model_dir), settings, first_core
         r = settings.rollout
-        self._actor_cls = ray.remote(num_cpus=r.cpus_per_worker, num_gpus=r.gpus_per_worker,
-                                     max_restarts=0)(RolloutWorker)
-        self.actors = actors or [self._start_actor(i) for i in range(r.num_workers)]
+        self.actors = actors or start_rollout_actors(self.model_dir, settings, first_core)
         self.policy_version = 0
         self._weights = None  # the current weights, for a replacement actor
         self._transfer = None  # the open collective group (CollectiveWeightSync), if that path is used
@@ -129,20 +148,9 @@ class RolloutPool:
         log.info("rollout pool: %d %s workers up (engine build %.1fs max)", len(infos), r.backend,
                  max(i["build_seconds"] for i in infos))
 
-    def _start_actor(self, index: int):
-        s = self.settings
-        # set before the actor process imports torch/vllm: thread counts cannot be changed afterwards
-        env_vars = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "1", "VLLM_LOGGING_LEVEL": "ERROR",
-                    "TOKENIZERS_PARALLELISM": "false", "PYTHONWARNINGS": "ignore"}
-        return self._actor_cls.options(runtime_env={"env_vars": env_vars}).remote(
-            self.model_dir, s.rollout.backend, s.model.max_len, s.rollout.kv_cache_mb, s.env.max_turns,
-            s.env.max_tokens_per_turn, core=self.first_core + index,
-            weight_transfer=self.settings.rollout.weight_transfer_backend if self.collective else None)
-
     @property
     def collective(self) -> bool:
-        r = self.settings.rollout
-        return r.weight_sync == "collective" and r.backend == "vllm"
+        return uses_collective_sync(self.settings)
 
     def sync_weights(self, state_dict: dict, version: int) -> float:
         """Every engine gets `state_dict` (a snapshot on the trainer's device, `state_dict_snapshot`) as policy
@@ -178,7 +186,7 @@ class RolloutPool:
         log.warning("rollout worker %d died; starting a replacement at policy v%d", index, self.policy_version)
         # a collective group includes the dead engine: drop it, the next sync opens one with the new set
         self.close_transfer()
-        self.actors[index] = self._start_actor(index)
+        self.actors[index] = start_rollout_actors(self.model_dir, self.settings, self.first_core, [index])[0]
         if self._weights is not None:
             self.sync_weights(self._weights, self.policy_version)
 

@@ -238,9 +238,18 @@ def run_grpo(settings, init_model: str | Path, run_dir: str | Path, fail_at_step
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
+    from tasks.rl.rollout import start_rollout_actors
+
     run_dir = Path(run_dir).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
-    config = {"settings": settings.model_dump(mode="json"), "init_model": str(Path(init_model).resolve()),
+    init_model = str(Path(init_model).resolve())
+    # Start the engines here, before fit(): their build (process start, vLLM import, engine: 30-45 s in the
+    # demo) then overlaps Ray Train's own start-up (controller, placement group, worker: about a minute)
+    # instead of following it. The rank-0 worker takes them over and hands them back at the end.
+    own_actors = actors is None
+    if own_actors:
+        actors = start_rollout_actors(init_model, settings)
+    config = {"settings": settings.model_dump(mode="json"), "init_model": init_model,
               "run_dir": str(run_dir), "fail_at_step": fail_at_step, "actors": actors}
     g = settings.grpo
     on_gpu = g.device == "cuda"
@@ -260,3 +269,7 @@ def run_grpo(settings, init_model: str | Path, run_dir: str | Path, fail_at_step
         first = next(iter(failures.values()), e)
         raise RuntimeError(f"GRPO training failed on {len(failures) or 1} worker(s): {first!r}; "
                            f"checkpoints kept in {run_dir / 'checkpoints'} (rerun to resume)") from e
+    finally:
+        if own_actors:
+            for actor in actors:
+                ray.kill(actor)
