@@ -127,7 +127,7 @@ def _ray_command(args, settings) -> int:
         out = {reg: first[reg].summary("sampled_success") | {"greedy": first[reg].summary("greedy_success")["mean"]}
                for reg in args.registry}
         if args.against:
-            pool.sync_weights(load_file(Path(args.against) / "model.safetensors"), version=-1)
+            pool.load_weights(load_file(Path(args.against) / "model.safetensors"), version=-1)
             second = evaluate_pool(pool, settings, args.registry)
             out = {reg: {key: compare(first[reg], second[reg], key) for key in ("greedy_success", "sampled_success")}
                    for reg in args.registry}

@@ -346,8 +346,9 @@ def record_training(settings, rd: RunDir, job: dict | None = None) -> dict:
 
 def evaluate(settings, rd: RunDir, cluster: dict) -> dict:
     """Champion, then challenger, on every registry's held-out tasks, on the run's cluster. One set of
-    engines: the challenger's weights are synced into them (the same path as GRPO's weight sync), which
-    spares building a second set (about 25 s here) and makes sure both meet the same engine configuration."""
+    engines: the challenger's weights are loaded into them (`RolloutPool.load_weights`, through the object
+    store), which spares building a second set (about 25 s here) and makes sure both meet the same engine
+    configuration."""
     from safetensors.torch import load_file
 
     t0 = time.time()
@@ -361,8 +362,8 @@ def evaluate(settings, rd: RunDir, cluster: dict) -> dict:
         pool = RolloutPool(champion_dir(settings, rd), settings)
         for who in ("champion", "challenger"):
             if who == "challenger":
-                seconds = pool.sync_weights(load_file(rd.path / "grpo" / "model" / "model.safetensors"), version=1)
-                log.info("challenger weights synced into %d engines in %.3fs", len(pool.actors), seconds)
+                seconds = pool.load_weights(load_file(rd.path / "grpo" / "model" / "model.safetensors"), version=1)
+                log.info("challenger weights loaded into %d engines in %.3fs", len(pool.actors), seconds)
             for reg in registries(settings):
                 result = pool.evaluate(_load_tasks(rd, reg), settings.eval.samples, settings.rollout.temperature,
                                        settings.eval.seed)

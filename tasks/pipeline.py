@@ -129,7 +129,7 @@ def run_demo(settings, fresh: bool = True, run_key: str | None = None) -> dict:
 
             t0 = time.time()
             challenger_dir = run_dir / "grpo" / "model"
-            pool.sync_weights(load_file(challenger_dir / "model.safetensors"), version=settings.grpo.steps)
+            pool.load_weights(load_file(challenger_dir / "model.safetensors"), version=settings.grpo.steps)
             challenger = evaluate_pool(pool, settings, regs)
             timings["eval_challenger_s"] = time.time() - t0
             pool.shutdown()

@@ -158,17 +158,28 @@ class RolloutPool:
         t0 = time.time()
         if not self.settings.rollout.gpu_weight_transfer:  # settings guarantee vLLM engines on GPUs otherwise
             state_dict = {k: v.to("cpu") for k, v in state_dict.items()}
-        self._weights = state_dict
-        if self.collective:
-            if self._transfer is None:
-                from tasks.rl.weight_transfer import CollectiveWeightSync
+        if not self.collective:
+            self.load_weights(state_dict, version)
+            return time.time() - t0
+        if self._transfer is None:
+            from tasks.rl.weight_transfer import CollectiveWeightSync
 
-                self._transfer = CollectiveWeightSync(self.actors, self.settings.rollout.weight_transfer_backend,
-                                                      host=ray.util.get_node_ip_address())
-            self._transfer.send(state_dict, version)
-        else:
-            ref = ray.put(state_dict)
-            ray.get([a.load_weights.remote(ref, version) for a in self.actors])
+            self._transfer = CollectiveWeightSync(self.actors, self.settings.rollout.weight_transfer_backend,
+                                                  host=ray.util.get_node_ip_address())
+        self._weights = state_dict
+        self._transfer.send(state_dict, version)
+        self.policy_version = version
+        return time.time() - t0
+
+    def load_weights(self, state_dict: dict, version: int) -> float:
+        """A one-off load of another model's weights (a CPU state dict, e.g. the challenger's for its eval)
+        through the object store, whatever `rollout.weight_sync` says: a weight-transfer group pays off over
+        many syncs, while opening one for a single load imports vLLM's transfer engine into the caller (about
+        15 s in an Airflow task here). Returns seconds."""
+        t0 = time.time()
+        self._weights = state_dict
+        ref = ray.put(state_dict)  # once, whatever the number of engines
+        ray.get([a.load_weights.remote(ref, version) for a in self.actors])
         self.policy_version = version
         return time.time() - t0
 

@@ -35,24 +35,31 @@ def test_batch_of_64_episodes_on_two_actors(pool, tmp_path):
     assert len(pids) == 4  # two shards per actor
 
 
-@pytest.mark.parametrize("weight_sync", ["collective", "object_store"])
+@pytest.mark.parametrize("weight_sync", ["collective", "object_store", "one_off_load"])
 def test_weight_sync_matches_hf_generate_token_for_token(pool, settings, tmp_path, weight_sync):
     """Both paths into the engines: the gloo broadcast through vLLM's weight-transfer API (what GRPO uses by
-    default) and the object store + reload_weights."""
+    default) and the object store + reload_weights; and a one-off load (`load_weights`, the evals' path) on a
+    pool set to the collective path."""
     assert pool.collective, "the session pool should use the default (collective) path"
-    model, tok = build_model(settings.model.model_copy(update={"seed": 1234 + len(weight_sync)}))
+    # other weights for every case, so that no case passes on what the previous one installed
+    seed = 1234 + ["collective", "object_store", "one_off_load"].index(weight_sync)
+    model, tok = build_model(settings.model.model_copy(update={"seed": seed}))
     sd = state_dict_cpu(model)
     if weight_sync == "object_store":
         # a second pool over the same engines, set to the other path
         other = settings.model_copy(update={"rollout": settings.rollout.model_copy(update={"weight_sync": weight_sync})})
         synced = RolloutPool(pool.model_dir, other, actors=pool.actors)
         assert not synced.collective
+        seconds = synced.sync_weights(sd, version=pool.policy_version + 1)
+    elif weight_sync == "one_off_load":
+        synced = pool
+        seconds = pool.load_weights(sd, version=pool.policy_version + 1)
     else:
         synced = pool
         # a round with other weights first: every round must replace what the last one installed
         other_model, _ = build_model(settings.model.model_copy(update={"seed": 99}))
         pool.sync_weights(state_dict_cpu(other_model), version=pool.policy_version + 1)
-    seconds = synced.sync_weights(sd, version=pool.policy_version + 1)
+        seconds = pool.sync_weights(sd, version=pool.policy_version + 1)
     assert seconds < 30
     if weight_sync == "collective":
         assert pool._transfer is not None and pool._transfer.backend == "gloo"
