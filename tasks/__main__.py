@@ -60,6 +60,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--init", required=True)
     p.add_argument("--run-dir", required=True)
     p.add_argument("--fail-at-step", type=int, help="raise at this step (fault-injection tests)")
+    p.add_argument("--engines", metavar="NAMESPACE",
+                   help="use the running rollout engines named rollout-<i> in this Ray namespace (started if "
+                        "missing) and leave them running; by default the job starts its own and stops them")
     sub.add_parser("demo", help="bootstrap, eval, GRPO against the target registry, eval, summary")
     from tasks.signals import cli as signals_cli
 
@@ -103,9 +106,11 @@ def _ray_command(args, settings) -> int:
     from tasks.rl.rollout import RolloutPool
 
     if args.command == "train":
+        from tasks.rl.rollout import start_rollout_actors
         from tasks.rl.train import run_grpo
 
-        result = run_grpo(settings, args.init, args.run_dir, fail_at_step=args.fail_at_step)
+        actors = start_rollout_actors(args.init, settings, namespace=args.engines) if args.engines else None
+        result = run_grpo(settings, args.init, args.run_dir, fail_at_step=args.fail_at_step, actors=actors)
         print(json.dumps({"metrics": result.metrics, "model": str(Path(args.run_dir) / "model")}, default=str))
     elif args.command == "rollout":
         from tasks.envs import get_env

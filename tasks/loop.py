@@ -264,24 +264,39 @@ def _connect(settings, cluster: dict):
     return connect(settings.model_copy(update={"ray": settings.ray.model_copy(update={"address": cluster["address"]})}))
 
 
+def engine_namespace(rd: RunDir) -> str:
+    """The Ray namespace of a run's rollout engines (`rollout-<i>`, tasks.rl.rollout.start_rollout_actors):
+    the probes start them, the GRPO job and the evals reuse them, the evals stop them. An engine takes
+    25-45 s to start here; building one set per stage cost the demo about 1.5 minutes."""
+    return f"evergreen-engines-{rd.path.name}"
+
+
 def probe_rollouts(settings, rd: RunDir, cluster: dict, shard: int, num_shards: int) -> dict:
     """The champion's rollouts on one shard of the first training batch (target registry): they check the
-    rollout contract with GX and measure the starting reward before the update spends anything."""
+    rollout contract with GX and measure the starting reward before the update spends anything. Probe i
+    starts the run's engine i (kept for the GRPO job and the evals) while the run has one, else a temporary one."""
     t0 = time.time()
     _connect(settings, cluster)
     import ray
+    from safetensors.torch import load_file
 
     from tasks.data.checks import check_rollouts
-    from tasks.rl.rollout import RolloutPool
+    from tasks.rl.rollout import RolloutPool, start_rollout_actors
     from tasks.rl.train import training_tasks
 
     one = settings.model_copy(update={"rollout": settings.rollout.model_copy(update={"num_workers": 1})})
+    champ = champion_dir(settings, rd)
+    kept = shard < settings.rollout.num_workers
     try:
         tasks = training_tasks(settings, 0)[shard::num_shards]
-        pool = RolloutPool(champion_dir(settings, rd), one, first_core=shard)
+        actors = start_rollout_actors(champ, settings, indices=[shard], namespace=engine_namespace(rd) if kept else None)
+        pool = RolloutPool(champ, one, actors=actors, first_core=shard)
+        pool.load_weights(load_file(champ / "model.safetensors"), version=0)  # a rerun finds the engine as GRPO left it
         records = pool.run_batch(tasks, settings.rollout.group_size, rd.path / "probe" / f"shard-{shard}",
                                  seed=settings.grpo.seed + shard)
-        pool.shutdown()
+        pids = pool.engine_pids()
+        if not kept:
+            pool.shutdown()
     finally:
         ray.shutdown()
     outcome = check_rollouts(records, settings.rollout.group_size, docs_dir=rd.path / "probe" / f"gx_docs-{shard}")
@@ -293,7 +308,7 @@ def probe_rollouts(settings, rd: RunDir, cluster: dict, shard: int, num_shards: 
            "mean_reward": sum(r["reward"] for r in records) / len(records),
            "tokens": int(sum(len(r.get("completion_ids") or []) for r in records))}
     rd.record_timing(f"probe_rollouts_{shard}", time.time() - t0, cpus=settings.rollout.cpus_per_worker,
-                     tokens_generated=out["tokens"])
+                     tokens_generated=out["tokens"], engine_pids=pids, engines_kept=kept)
     rd.write(out, "probe", f"shard-{shard}.json")
     log.info("probe shard %d/%d: %s", shard, num_shards, out)
     return out
@@ -310,7 +325,7 @@ def grpo_command(settings, rd: RunDir, cluster: dict, overrides: dict | None = N
     args = ["python" if settings.ray.backend == "kuberay" else sys.executable, "-m", "tasks"]
     for key, value in sorted((overrides or {}).items()):
         args += ["--set", f"{key}={value}"]
-    args += ["train", "--init", str(champ), "--run-dir", str(rd.path / "grpo")]
+    args += ["train", "--init", str(champ), "--run-dir", str(rd.path / "grpo"), "--engines", engine_namespace(rd)]
     if fail_at_step is not None:
         args += ["--fail-at-step", str(int(fail_at_step))]
     rd.write({"started": time.time()}, "grpo_job.json")
@@ -345,25 +360,26 @@ def record_training(settings, rd: RunDir, job: dict | None = None) -> dict:
 
 
 def evaluate(settings, rd: RunDir, cluster: dict) -> dict:
-    """Champion, then challenger, on every registry's held-out tasks, on the run's cluster. One set of
-    engines: the challenger's weights are loaded into them (`RolloutPool.load_weights`, through the object
-    store), which spares building a second set (about 25 s here) and makes sure both meet the same engine
-    configuration."""
+    """Champion, then challenger, on every registry's held-out tasks, on the run's engines (the ones the
+    probes started and GRPO trained with; started here if gone), which are stopped at the end. Each model's
+    weights are loaded into them (`RolloutPool.load_weights`, through the object store): both meet the same
+    engines and configuration, and no second set is built."""
     from safetensors.torch import load_file
 
     t0 = time.time()
     _connect(settings, cluster)
     import ray
 
-    from tasks.rl.rollout import RolloutPool
+    from tasks.rl.rollout import RolloutPool, start_rollout_actors
 
     out: dict = {}
+    champ = champion_dir(settings, rd)
     try:
-        pool = RolloutPool(champion_dir(settings, rd), settings)
-        for who in ("champion", "challenger"):
-            if who == "challenger":
-                seconds = pool.load_weights(load_file(rd.path / "grpo" / "model" / "model.safetensors"), version=1)
-                log.info("challenger weights loaded into %d engines in %.3fs", len(pool.actors), seconds)
+        pool = RolloutPool(champ, settings, actors=start_rollout_actors(champ, settings, namespace=engine_namespace(rd)))
+        for who, (weights, version) in {"champion": (champ / "model.safetensors", 0),
+                                        "challenger": (rd.path / "grpo" / "model" / "model.safetensors", 1)}.items():
+            seconds = pool.load_weights(load_file(weights), version=version)
+            log.info("%s weights loaded into %d engines in %.3fs", who, len(pool.actors), seconds)
             for reg in registries(settings):
                 result = pool.evaluate(_load_tasks(rd, reg), settings.eval.samples, settings.rollout.temperature,
                                        settings.eval.seed)
@@ -373,10 +389,12 @@ def evaluate(settings, rd: RunDir, cluster: dict) -> dict:
                                                 "sampled": result.summary("sampled_success")["mean"]}
                 log.info("evaluate %s on registry v%s: greedy %.3f, sampled %.3f", who, reg,
                          out[who][reg]["greedy"], out[who][reg]["sampled"])
+        pids = pool.engine_pids()
         pool.shutdown()
     finally:
         ray.shutdown()
-    rd.record_timing("evaluate", time.time() - t0, cpus=settings.rollout.num_workers * settings.rollout.cpus_per_worker)
+    rd.record_timing("evaluate", time.time() - t0, cpus=settings.rollout.num_workers * settings.rollout.cpus_per_worker,
+                     engine_pids=pids)
     return out
 
 

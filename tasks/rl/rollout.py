@@ -118,16 +118,28 @@ def uses_collective_sync(settings) -> bool:
     return r.weight_sync == "collective" and r.backend == "vllm"
 
 
-def start_rollout_actors(model_dir: str | Path, settings, first_core: int = 0, indices=None) -> list:
+def start_rollout_actors(model_dir: str | Path, settings, first_core: int = 0, indices=None,
+                         namespace: str | None = None) -> list:
     """Start rollout actors without waiting for their engines (a build takes 10-45 s here), so a caller can
-    overlap that with its own start-up; `RolloutPool(actors=...)` waits for them."""
+    overlap that with its own start-up; `RolloutPool(actors=...)` waits for them.
+
+    With `namespace`, actor i is the named, detached `rollout-<i>` of that namespace: the one already up
+    (whatever weights it holds: load the ones you need) or a new one. A DAG run's stages share their
+    engines this way instead of each building its own; whoever uses them last kills them."""
     r = settings.rollout
     actor_cls = ray.remote(num_cpus=r.cpus_per_worker, num_gpus=r.gpus_per_worker, max_restarts=0)(RolloutWorker)
     # set before the actor process imports torch/vllm: thread counts cannot be changed afterwards
     env_vars = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "1", "VLLM_LOGGING_LEVEL": "ERROR",
                 "TOKENIZERS_PARALLELISM": "false", "PYTHONWARNINGS": "ignore"}
     transfer = r.weight_transfer_backend if uses_collective_sync(settings) else None
-    return [actor_cls.options(runtime_env={"env_vars": env_vars}).remote(
+
+    def options(i: int) -> dict:
+        opts = {"runtime_env": {"env_vars": env_vars}}
+        if namespace:
+            opts |= {"name": f"rollout-{i}", "namespace": namespace, "lifetime": "detached", "get_if_exists": True}
+        return opts
+
+    return [actor_cls.options(**options(i)).remote(
                 str(model_dir), r.backend, settings.model.max_len, r.kv_cache_mb, settings.env.max_turns,
                 settings.env.max_tokens_per_turn, core=first_core + i, weight_transfer=transfer)
             for i in (range(r.num_workers) if indices is None else indices)]
@@ -147,6 +159,10 @@ class RolloutPool:
         infos = ray.get([a.info.remote() for a in self.actors])
         log.info("rollout pool: %d %s workers up (engine build %.1fs max)", len(infos), r.backend,
                  max(i["build_seconds"] for i in infos))
+
+    def engine_pids(self) -> list[int]:
+        """The engines' process ids (which engines served a stage: a DAG run's stages share theirs)."""
+        return [info["pid"] for info in ray.get([a.info.remote() for a in self.actors])]
 
     @property
     def collective(self) -> bool:

@@ -102,6 +102,12 @@ def test_the_loop_through_dag_test(dags):
     from tasks.rl.cluster import LocalHead
 
     assert LocalHead("", local_temp_dir(f"continuous_post_training/{cpt.run_id}"), None, {}).pids() == []
+    # the run's engines are built once: probe 0 starts engine 0 (the run has one), GRPO and the evals reuse it;
+    # probe 1 has a temporary engine of its own
+    timings = {p.stem: json.loads(p.read_text()) for p in runs[0].parent.glob("timings/*.json")}
+    assert timings["probe_rollouts_0"]["engines_kept"] and not timings["probe_rollouts_1"]["engines_kept"]
+    assert timings["evaluate"]["engine_pids"] == timings["probe_rollouts_0"]["engine_pids"], timings
+    assert timings["probe_rollouts_1"]["engine_pids"] != timings["probe_rollouts_0"]["engine_pids"]
 
     refused = _run(bag, "rollback", {"confirm": False, "reason": "drill"})
     assert str(refused.state) == "failed"
