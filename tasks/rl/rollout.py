@@ -118,7 +118,7 @@ def uses_collective_sync(settings) -> bool:
     return r.weight_sync == "collective" and r.backend == "vllm"
 
 
-def start_rollout_actors(model_dir: str | Path, settings, first_core: int = 0, indices=None,
+def start_rollout_actors(model_dir: str | Path, settings, first_core: int = 0, indices: list[int] | None = None,
                          namespace: str | None = None) -> list:
     """Start rollout actors without waiting for their engines (a build takes 10-45 s here), so a caller can
     overlap that with its own start-up; `RolloutPool(actors=...)` waits for them.
