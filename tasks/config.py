@@ -84,6 +84,11 @@ class RolloutSettings(_Section):
         "engine: trainer and engines share one GPU, no copy). nccl and ipc need GPU training and GPU engines")
 
     @property
+    def collective_sync(self) -> bool:
+        """Whether weights reach the engines through a weight-transfer group (else the object store)."""
+        return self.weight_sync == "collective" and self.backend == "vllm"
+
+    @property
     def gpu_weight_transfer(self) -> bool:
         """Whether new weights travel GPU to GPU (the collective path over nccl or ipc)."""
         return self.weight_sync == "collective" and self.weight_transfer_backend in ("nccl", "ipc")

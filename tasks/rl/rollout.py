@@ -112,12 +112,6 @@ class RolloutWorker:
         return evaluate(self.backend, tasks, self.tokenizer, samples, temperature, seed, self.limits, first_index).table
 
 
-def uses_collective_sync(settings) -> bool:
-    """Whether weights reach the engines through a weight-transfer group (else the object store)."""
-    r = settings.rollout
-    return r.weight_sync == "collective" and r.backend == "vllm"
-
-
 def start_rollout_actors(model_dir: str | Path, settings, first_core: int = 0, indices: list[int] | None = None,
                          namespace: str | None = None) -> list:
     """Start rollout actors without waiting for their engines (a build takes 10-45 s here), so a caller can
@@ -131,7 +125,7 @@ def start_rollout_actors(model_dir: str | Path, settings, first_core: int = 0, i
     # set before the actor process imports torch/vllm: thread counts cannot be changed afterwards
     env_vars = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "1", "VLLM_LOGGING_LEVEL": "ERROR",
                 "TOKENIZERS_PARALLELISM": "false", "PYTHONWARNINGS": "ignore"}
-    transfer = r.weight_transfer_backend if uses_collective_sync(settings) else None
+    transfer = r.weight_transfer_backend if r.collective_sync else None
 
     def options(i: int) -> dict:
         opts = {"runtime_env": {"env_vars": env_vars}}
@@ -166,7 +160,7 @@ class RolloutPool:
 
     @property
     def collective(self) -> bool:
-        return uses_collective_sync(self.settings)
+        return self.settings.rollout.collective_sync
 
     def sync_weights(self, state_dict: dict, version: int) -> float:
         """Every engine gets `state_dict` (a snapshot on the trainer's device, `state_dict_snapshot`) as policy
