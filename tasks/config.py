@@ -61,6 +61,9 @@ class BootstrapSettings(_Section):
     steps: int = Field(900, ge=1, description="SFT steps that make the first champion")
     batch_size: int = Field(32, ge=1, description="episodes per SFT step")
     lr: float = Field(4e-3, gt=0, description="AdamW peak learning rate (warmup, hold, cosine decay)")
+    micro_batches: int = Field(1, ge=1, description="length-sorted slices of each step's batch, each padded to its "
+                               "own longest episode: 2 pads 10 % of the tokens instead of 19 % and steps about 13 % "
+                               "faster, with the same gradient up to float rounding, which changes the champion (README)")
     seed: int = Field(1, description="seed of the random-schema demonstration tasks")
 
 

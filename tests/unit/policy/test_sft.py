@@ -1,0 +1,47 @@
+"""The bootstrap's SFT step (tasks/policy/sft.py): length-sorted micro-batches, the learning-rate schedule."""
+import copy
+
+import pytest
+import torch
+
+from tasks.config import ModelSettings
+from tasks.policy.model import build_model
+from tasks.policy.sft import demonstration_backward, demonstration_batch, demonstration_loss, lr_factor
+
+
+def _gradients(model) -> list[torch.Tensor]:
+    return [p.grad.clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("micro_batches", [2, 3, 7])
+def test_micro_batches_give_the_one_tensor_loss_and_gradient(micro_batches):
+    model, tok = build_model(ModelSettings(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64))
+    batch = demonstration_batch("desk", tok, 7, seed=3, max_len=512)
+    assert len({len(ids) for ids, _ in batch}) > 2  # lengths differ, so slices pad differently
+
+    whole = copy.deepcopy(model)
+    loss = demonstration_loss(whole, batch, tok.pad_id)
+    loss.backward()
+    sliced = copy.deepcopy(model)
+    sliced_loss = demonstration_backward(sliced, batch, tok.pad_id, micro_batches)
+
+    assert sliced_loss == pytest.approx(loss.item(), rel=1e-5)
+    for g_whole, g_sliced in zip(_gradients(whole), _gradients(sliced)):
+        torch.testing.assert_close(g_sliced, g_whole, rtol=1e-4, atol=1e-6)
+
+
+def test_more_micro_batches_than_samples_is_one_sample_each():
+    model, tok = build_model(ModelSettings(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64))
+    batch = demonstration_batch("desk", tok, 3, seed=4, max_len=512)
+    assert demonstration_backward(model, batch, tok.pad_id, micro_batches=10) == pytest.approx(
+        demonstration_loss(copy.deepcopy(model), batch, tok.pad_id).item(), rel=1e-5)
+
+
+def test_lr_schedule_warms_up_holds_then_decays_to_a_tenth():
+    total = 1000
+    assert lr_factor(0, total) == pytest.approx(1 / 50)  # 5 % warmup
+    assert lr_factor(49, total) == 1.0
+    assert all(lr_factor(s, total) == 1.0 for s in range(50, 700))  # held until 70 %
+    tail = [lr_factor(s, total) for s in range(700, total)]
+    assert all(a >= b for a, b in zip(tail, tail[1:]))  # then only down
+    assert tail[-1] == pytest.approx(0.1, abs=1e-4)
