@@ -58,7 +58,7 @@ def main() -> None:
         model_dir = save_model(model, tok, settings.run_dir / "bench-random-model")
     model, tok, model_dir = load_model(model_dir)
     torch.set_num_threads(os.cpu_count())
-    tasks = desk.generate_tasks(n_tasks, 4242, desk.load_registry(settings.env.target_registry))
+    tasks = desk.generate_tasks(n_tasks, 4242, desk.load_registry(settings.env.target_registry), split="train")
     limits = {"max_turns": settings.env.max_turns, "max_tokens_per_turn": settings.env.max_tokens_per_turn,
               "max_len": settings.model.max_len}
     sampling = Sampling(temperature=settings.rollout.temperature, seed=1)

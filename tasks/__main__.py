@@ -2,6 +2,7 @@
 
     python -m tasks bootstrap --out runs/local/champion            # SFT the first champion (registry v1)
     python -m tasks eval --model runs/local/champion --registry 1 2 [--against OTHER_MODEL]
+    python -m tasks --set eval.split=dev eval --model M             # the dev split (tuning), not the gate's
     python -m tasks rollout --model runs/local/champion --registry 2 --tasks 8 --out runs/local/rollouts
     python -m tasks train --init runs/local/champion --run-dir runs/local/grpo
     python -m tasks demo                                           # the whole loop, with a summary
@@ -117,7 +118,7 @@ def _ray_command(args, settings) -> int:
 
         env = get_env(settings.env.name)
         pool = RolloutPool(args.model, settings)
-        tasks = env.generate_tasks(args.tasks, settings.grpo.seed, env.load_registry(args.registry))
+        tasks = env.generate_tasks(args.tasks, settings.grpo.seed, env.load_registry(args.registry), split="train")
         records = pool.run_batch(tasks, settings.rollout.group_size, args.out, seed=settings.grpo.seed)
         print(json.dumps({"episodes": len(records), "success_rate": sum(r["success"] for r in records) / len(records),
                           "mean_reward": sum(r["reward"] for r in records) / len(records), "out": args.out}))

@@ -5,14 +5,14 @@ from dataclasses import dataclass
 from typing import Callable
 
 from tasks.envs import desk
-from tasks.envs.base import Episode, Task
+from tasks.envs.base import Episode, Task, ToolService
 
 
 @dataclass(frozen=True)
 class Environment:
     name: str
     generate_tasks: Callable[..., list[Task]]
-    make_service: Callable[[Task], Callable[[str, dict], str]]
+    make_service: Callable[[Task], ToolService]  # grounding needs its `solves`
     demonstration: Callable
     load_registry: Callable[[str], dict]
 

@@ -4,7 +4,7 @@ A Task is a question, the tools offered (OpenAI function-tool schemas), the tool
 calls, and the verifier's data. An Episode is the multi-turn loop, kept as a state machine so that any
 generation backend can drive many episodes at once:
 
-    ep = Episode(task, tokenizer)
+    ep = Episode(task, tokenizer, service)      # service: the task's ToolService
     while not ep.done:
         ids = ep.prompt_ids()                    # everything so far + <|assistant|>
         ep.add_completion(completion_ids, logprobs)   # parse -> check -> execute -> tool message
@@ -13,16 +13,20 @@ The model's tool-call format is `<tool_call>{"name": ..., "arguments": {...}}</t
 without a tool call is the final answer. Malformed output never raises: it earns a tool error message
 (so the model may retry), a lower format/validity score and a reason.
 
-Reward = 0.1 * format + 0.1 * call_validity + 0.8 * correct, each in [0, 1]. An answer is correct only
-when it matches the expected value *and* a successful tool result backs it: a policy must not learn to
-answer from memory after a failed call (the table behind a tool changes in production; memory does not).
+Reward = 0.1 * format + 0.1 * call_validity + 0.8 * correct, each in [0, 1]. A call is valid when it
+fits its schema *and* the service answers it (a refusal or a tool failure is not). An answer is correct
+only when it matches the expected value *and* a grounding call returned it: a successful call whose
+arguments solve the task, as the tool service judges (`ToolService.solves`). A policy must not learn to
+answer from memory after a failed call (the table behind a tool changes in production; memory does not),
+nor to echo a guessed answer through a tool (x + 0, x * 1, a km -> km conversion, another city's
+matching value): those return the right value without solving anything.
 """
 from __future__ import annotations
 
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Protocol
 
 from tasks.policy.tokenizer import EOS, TOOL_CALL_CLOSE, TOOL_CALL_OPEN, CharTokenizer
 
@@ -54,6 +58,18 @@ class Task:
 
 class ToolError(Exception):
     """Raised by a tool service for a call it refuses; the message is shown to the model."""
+
+
+class ToolService(Protocol):
+    """What answers an episode's schema-valid calls: a result string, or ToolError for a refusal.
+
+    `solves(name, arguments)` says whether a call's arguments are the task's own question (not merely a
+    call that returns the expected value); only the environment knows its tasks' solutions. A service
+    without `solves` grounds nothing, so its episodes never count as correct."""
+
+    def __call__(self, name: str, arguments: dict) -> str: ...
+
+    def solves(self, name: str, arguments: dict) -> bool: ...
 
 
 @dataclass
@@ -132,7 +148,7 @@ class Episode:
 
     task: Task
     tokenizer: CharTokenizer
-    service: Callable[[str, dict], str]
+    service: ToolService
     max_turns: int = 4
     max_tokens_per_turn: int = 96
     max_len: int = 512
@@ -147,7 +163,7 @@ class Episode:
     n_valid_calls: int = 0
     n_tool_errors: int = 0
     n_well_formed_turns: int = 0
-    tool_results: list[str] = field(default_factory=list)  # results of calls that succeeded
+    answered: list[tuple[str, dict, str]] = field(default_factory=list)  # (name, arguments, result) of successes
     end_reason: str = ""
     completion_tokens: int = 0
 
@@ -215,16 +231,17 @@ class Episode:
             if problem:
                 results.append(f"error: {problem}")
                 continue
-            self.n_valid_calls += 1
             try:
                 results.append(str(self.service(call.name, call.arguments)))
-                self.tool_results.append(results[-1])
             except ToolError as e:
                 self.n_tool_errors += 1
                 results.append(f"error: {e}")
             except Exception as e:  # a tool bug must not end the rollout batch
                 self.n_tool_errors += 1
                 results.append(f"error: tool failed ({type(e).__name__})")
+            else:
+                self.n_valid_calls += 1
+                self.answered.append((call.name, call.arguments, results[-1]))
         self.n_well_formed_turns += well_formed
         content = "\n".join(results)
         self.messages.append({"role": "tool", "content": content})
@@ -233,10 +250,19 @@ class Episode:
     def _finish(self, reason: str) -> None:
         self.done, self.end_reason = True, reason
 
+    def _grounds(self, name: str, arguments: dict, result: str) -> bool:
+        solves = getattr(self.service, "solves", None)
+        if solves is None or normalise_answer(result) != normalise_answer(self.task.expected):
+            return False
+        try:
+            return bool(solves(name, arguments))
+        except Exception:  # a service bug grounds nothing and must not end the rollout batch
+            return False
+
     def score(self) -> dict[str, Any]:
         """Reward in [0, 1] with its named components and a reason."""
         matches = self.answer is not None and normalise_answer(self.answer) == normalise_answer(self.task.expected)
-        grounded = any(normalise_answer(r) == normalise_answer(self.task.expected) for r in self.tool_results)
+        grounded = any(self._grounds(*call) for call in self.answered)
         correct = float(matches and grounded)
         fmt = self.n_well_formed_turns / self.turns if self.turns else 0.0
         validity = self.n_valid_calls / self.n_calls if self.n_calls else 0.0
@@ -245,7 +271,8 @@ class Episode:
         if correct:
             reason = "correct"
         elif matches:
-            reason = "right value, but no successful tool call returned it (answered from memory)"
+            reason = ("right value, but no successful call that solves the task returned it "
+                      "(answered from memory, or echoed through a tool)")
         elif self.answer is None:
             reason = self.end_reason
         else:

@@ -14,7 +14,9 @@ and error while v1 (which accepts both) is unharmed.
 """
 from __future__ import annotations
 
+import hashlib
 import json
+import math
 import random
 from functools import lru_cache
 from pathlib import Path
@@ -24,6 +26,7 @@ from tasks.envs.base import Task, ToolError
 FAMILIES = ("calc", "convert", "lookup")
 OPS = {"add": ("+", "plus", lambda a, b: a + b), "sub": ("-", "minus", lambda a, b: a - b),
        "mul": ("*", "times", lambda a, b: a * b)}
+COMMUTATIVE = ("add", "mul")
 UNITS = {  # symbol: (name, dimension, factor to the dimension's base unit)
     "km": ("kilometers", "length", 1000), "m": ("meters", "length", 1), "cm": ("centimeters", "length", 0.01),
     "kg": ("kilograms", "mass", 1000), "g": ("grams", "mass", 1),
@@ -39,6 +42,12 @@ CITIES = {
 }
 FIELDS = ("population", "country", "elevation")
 STRICT_FROM_VERSION = 2
+SPLITS = (("eval", 0.25), ("dev", 0.15), ("train", 0.60))  # share of the content hash space, in this order
+# Only 36 (city, field) pairs exist, so a split by plain hash may leave a city or a field without any
+# training pair (a policy could never learn it) or a split without lookups. This salt is the first whose
+# lookup split has every city and every field in train and every field in eval and in dev, at the nominal
+# shares (9 eval, 5 dev, 22 train); tests/unit/envs/test_split.py checks it whenever the tables change.
+SPLIT_SALT = 173
 REGISTRY_DIR = Path(__file__).resolve().parents[2] / "include" / "tools"
 
 _NAME_WORDS = ["get", "run", "do", "calc", "compute", "convert", "lookup", "find", "query", "tool", "fn", "api",
@@ -72,15 +81,42 @@ def _tool_bindings(tools: list[dict]) -> dict:
 
 
 class DeskService:
-    """Executes desk tool calls; `strict` is the registry-v2 behaviour (canonical codes only)."""
+    """Executes desk tool calls; `strict` is the registry-v2 behaviour (canonical codes only).
 
-    def __init__(self, bindings: dict, strict: bool):
-        self.bindings, self.strict = bindings, strict
+    `family` and `solution` (the generator's canonical values) let `solves` tell a call that solves the
+    task from one that only returns the right value (an echo such as answer + 0 or km -> km)."""
+
+    def __init__(self, bindings: dict, strict: bool, family: str | None = None, solution: list | None = None):
+        self.bindings, self.strict, self.family, self.solution = bindings, strict, family, solution
 
     def __call__(self, name: str, arguments: dict) -> str:
+        return getattr(self, "_" + self.bindings[name]["handler"])(*self.canonical(name, arguments))
+
+    def canonical(self, name: str, arguments: dict) -> list:
+        """The call's values in role order as the service reads them (op key, unit symbol, city key,
+        numbers); raises ToolError for a value it refuses."""
         binding = self.bindings[name]
         values = [arguments[a] for a in binding["args"]]
-        return getattr(self, "_" + binding["handler"])(*values)
+        if binding["handler"] == "calc":
+            op = self._op(values[2])
+            return [self._int(values[0]), self._int(values[1]), op]
+        if binding["handler"] == "convert":
+            s, d = self._unit(values[1]), self._unit(values[2])
+            if UNITS[s][1] != UNITS[d][1]:
+                raise ToolError(f"cannot convert {UNITS[s][1]} ({s}) to {UNITS[d][1]} ({d})")
+            return [self._number(values[0]), s, d]
+        return [self._city(values[0]), self._field(values[1])]
+
+    def solves(self, name: str, arguments: dict) -> bool:
+        """Whether the call's canonical values are the task's solution (add and mul in either order)."""
+        if self.solution is None or self.bindings.get(name, {}).get("handler") != self.family:
+            return False
+        try:
+            got = self.canonical(name, arguments)
+        except (ToolError, KeyError):
+            return False
+        want = list(self.solution)
+        return got == want or (self.family == "calc" and want[2] in COMMUTATIVE and got == [want[1], want[0], want[2]])
 
     @staticmethod
     def _int(v) -> int:
@@ -89,14 +125,26 @@ class DeskService:
         except ValueError:
             raise ToolError(f"'{v}' is not an integer") from None
 
-    def _calc(self, a, b, op) -> str:
+    @staticmethod
+    def _number(v) -> int | float:
+        try:
+            x = float(v)
+        except (TypeError, ValueError):
+            raise ToolError(f"'{v}' is not a number") from None
+        except OverflowError:  # an integer of hundreds of digits
+            x = math.inf
+        if not math.isfinite(x):
+            raise ToolError(f"'{str(v)[:20]}' is not a finite number")
+        return int(x) if x.is_integer() and abs(x) < 2 ** 53 else x
+
+    def _op(self, op) -> str:
         op = str(op).strip()
         key = next((k for k, (sym, _, _) in OPS.items() if op == sym or (not self.strict and op.lower() == k)), None)
         if key is None:
             allowed = " ".join(s for s, _, _ in OPS.values())
             raise ToolError(f"operator '{op}' is not supported; use one of {allowed}" if self.strict
                             else f"op '{op}' is not supported; use add, sub or mul")
-        return str(OPS[key][2](self._int(a), self._int(b)))
+        return key
 
     def _unit(self, u: str) -> str:
         u = str(u).strip()
@@ -108,30 +156,65 @@ class DeskService:
         raise ToolError(f"unknown unit '{u}'; units are symbols such as km, kg, min" if self.strict
                         else f"unknown unit '{u}'")
 
-    def _convert(self, value, src, dst) -> str:
-        s, d = self._unit(src), self._unit(dst)
-        if UNITS[s][1] != UNITS[d][1]:
-            raise ToolError(f"cannot convert {UNITS[s][1]} ({s}) to {UNITS[d][1]} ({d})")
-        try:
-            out = float(value) * UNITS[s][2] / UNITS[d][2]
-        except (TypeError, ValueError):
-            raise ToolError(f"'{value}' is not a number") from None
-        return str(int(round(out))) if abs(out - round(out)) < 1e-9 else f"{out:g}"
-
-    def _lookup(self, city, fieldname) -> str:
+    def _city(self, city) -> str:
         key = str(city).strip()
         if not self.strict:
             key = key.lower()
         if key not in CITIES:
             hint = f"; keys are lowercase, e.g. '{key.lower()}'" if self.strict and key.lower() in CITIES else ""
             raise ToolError(f"no city '{city}'{hint}")
+        return key
+
+    @staticmethod
+    def _field(fieldname) -> str:
         if fieldname not in FIELDS:
             raise ToolError(f"unknown field '{fieldname}'; fields: {', '.join(FIELDS)}")
-        return str(CITIES[key][FIELDS.index(fieldname)])
+        return fieldname
+
+    # handlers take canonical values
+    @staticmethod
+    def _calc(a: int, b: int, op: str) -> str:
+        return str(OPS[op][2](a, b))
+
+    @staticmethod
+    def _convert(value: int | float, s: str, d: str) -> str:
+        out = value * UNITS[s][2] / UNITS[d][2]
+        if not math.isfinite(out):
+            raise ToolError(f"{value} {s} in {d} is out of range")
+        return str(int(round(out))) if abs(out - round(out)) < 1e-9 else f"{out:g}"
+
+    @staticmethod
+    def _lookup(city: str, fieldname: str) -> str:
+        return str(CITIES[city][FIELDS.index(fieldname)])
 
 
 def make_service(task: Task) -> DeskService:
-    return DeskService(task.service["bindings"], strict=task.service["strict"])
+    return DeskService(task.service["bindings"], strict=task.service["strict"], family=task.family,
+                       solution=task.service.get("solution"))
+
+
+# ---------------------------------------------------------------- splits
+
+def content_key(family: str, values: list) -> tuple:
+    """What a task asks, independent of wording and tools; a + b and b + a are one content."""
+    if family == "calc" and values[2] in COMMUTATIVE:
+        return (family, *sorted(values[:2]), values[2])
+    return (family, *values)
+
+
+def split_of(family: str, values: list) -> str:
+    """The split a content belongs to: a stable hash (sha256, not hash(): that is salted per process)."""
+    digest = hashlib.sha256(f"{SPLIT_SALT}|{'|'.join(map(str, content_key(family, values)))}".encode()).digest()
+    u, edge = int.from_bytes(digest[:8], "big") / 2 ** 64, 0.0
+    for name, share in SPLITS:
+        edge += share
+        if u < edge:
+            return name
+    return SPLITS[-1][0]
+
+
+def task_content(task: Task) -> tuple:
+    return content_key(task.family, task.service["solution"])
 
 
 # ---------------------------------------------------------------- task generation
@@ -149,7 +232,7 @@ def _question_and_values(family: str, rng: random.Random) -> tuple[str, dict]:
         v = rng.randint(2, 60)
         sname, dname = (UNITS[src][0], UNITS[dst][0]) if rng.random() < 0.5 else (src, dst)
         q = rng.choice([f"Convert {v} {sname} to {dname}.", f"How many {dname} is {v} {sname}?"])
-        expected = DeskService({}, strict=False)._convert(v, src, dst)
+        expected = DeskService._convert(v, src, dst)
         return q, {"values": [v, src, dst], "expected": expected}
     city = rng.choice(list(CITIES))
     fieldname = rng.choice(FIELDS)
@@ -194,8 +277,11 @@ def _random_tools(rng: random.Random) -> list[dict]:
 
 
 def generate_tasks(n: int, seed: int, registry: dict | None = None, families: tuple[str, ...] = FAMILIES,
-                   offer: str = "routed") -> list[Task]:
+                   offer: str = "routed", split: str | None = None) -> list[Task]:
     """`n` tasks, deterministic in `seed`. With `registry` the tools are the registry's; without, random.
+
+    split ("train", "dev", "eval") redraws each task until its content is in that split; None draws any
+    content (production traffic, which knows no splits).
 
     offer="routed" (default) offers the tools of the task's workload only, as a tool router in front of
     the agent does; offer="all" offers every tool of the registry. The tiny default model reads one
@@ -203,18 +289,23 @@ def generate_tasks(n: int, seed: int, registry: dict | None = None, families: tu
     """
     if offer not in ("routed", "all"):
         raise ValueError(f"offer={offer!r}: use 'routed' (the workload's tools) or 'all'")
+    if split is not None and split not in dict(SPLITS):
+        raise ValueError(f"split={split!r}: use one of {[name for name, _ in SPLITS]} or None")
     rng = random.Random(seed)
     version = registry["version"] if registry else "random"
     out = []
     for i in range(n):
         family = families[i % len(families)]
         question, sol = _question_and_values(family, rng)
+        while split is not None and split_of(family, sol["values"]) != split:
+            question, sol = _question_and_values(family, rng)
         tools = registry["tools"] if registry else _random_tools(rng)
         if offer == "routed":
             tools = [t for t in tools if t.get("x-evergreen-handler") == family]
         strict = registry is not None and int(registry["version"]) >= STRICT_FROM_VERSION
         out.append(Task(
-            task_id=f"desk-r{version}-s{seed}-{i}", env="desk", family=family, question=question, tools=tools,
+            task_id=f"desk-r{version}-s{seed}-{i}" if split is None else f"desk-r{version}-{split}-s{seed}-{i}",
+            env="desk", family=family, question=question, tools=tools,
             expected=sol["expected"],
             service={"strict": strict, "bindings": _tool_bindings(tools), "solution": sol["values"]},
         ))
