@@ -55,6 +55,16 @@ def write_shard(path: str | Path, records: list[dict]) -> Path:
     return path
 
 
+def clear_stale_shards(step_dir: str | Path, shard_names: set[str]) -> list[Path]:
+    """Remove the step's shard files that are not among `shard_names`: a run resumed with another number
+    of rollout workers cuts the batch into other shards, and the old ones would repeat its records. Those
+    with a current name are rewritten whole by the new run. Returns what was removed."""
+    stale = [p for p in Path(step_dir).glob("shard-*.jsonl") if p.name not in shard_names]
+    for p in stale:
+        p.unlink()
+    return stale
+
+
 def read_step(step_dir: str | Path, expected_keys: set[tuple[int, int, int]]) -> list[dict]:
     """All records of one step, sorted by identity; raises if any key is missing, duplicated or foreign."""
     seen: dict[tuple, dict] = {}

@@ -25,7 +25,7 @@ import ray
 from tasks.envs import new_episode
 from tasks.envs.base import Task
 from tasks.policy.backends import Sampling
-from tasks.rl.records import episode_record, read_step, write_shard
+from tasks.rl.records import clear_stale_shards, episode_record, read_step, write_shard
 
 log = logging.getLogger(__name__)
 
@@ -221,6 +221,9 @@ class RolloutPool:
         shards = [{"shard_id": k, "items": items[k::n_shards], "policy_version": self.policy_version,
                    "temperature": temperature, "seed": seed, "path": str(step_dir / f"shard-{k:04d}.jsonl"),
                    "attempt": 0} for k in range(n_shards)]
+        if stale := clear_stale_shards(step_dir, {Path(sh["path"]).name for sh in shards}):
+            log.warning("rollouts v%d: removed %d shards of an earlier run with another worker count (%s)",
+                        self.policy_version, len(stale), ", ".join(p.name for p in stale))
         pending, running, t0, tokens = list(shards), {}, time.time(), 0
         idle = list(range(len(self.actors)))
         while pending or running:

@@ -50,12 +50,27 @@ def test_killed_training_resumes_from_checkpoint_and_ends_at_same_step(ray_head,
     assert state["step"] == 4
     steps_after = [json.loads(l)["step"] for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert steps_after[-1] == 4 and set(steps_after) == {1, 2, 3, 4}
-    # the resumed run started right after the newest complete checkpoint
-    newest_before = max(s for s in steps_before if s % 2 == 0)
-    assert steps_after[len(steps_before):][0] == newest_before + 1
+    assert "resuming GRPO from" in second.stderr and "step 2 of 4" in second.stderr
     assert (run_dir / "model" / "model.safetensors").exists()
     # rollout records of every step are on disk, one directory per policy version
     assert {p.name for p in (run_dir / "rollouts").iterdir()} >= {f"step-{v:05d}" for v in range(4)}
+    # each step's metrics once: tokens are priced once
+    assert steps_after == [1, 2, 3, 4]
+
+    # resume equals uninterrupted: the same four steps in one go end at the same weights and metrics
+    straight = tmp_path / "straight"
+    third = subprocess.run(_train_cmd(tiny_model, straight), env=_env(ray_head), cwd=ROOT, capture_output=True,
+                           text=True, timeout=600)
+    assert third.returncode == 0, third.stderr[-3000:]
+    from safetensors.torch import load_file
+
+    resumed, uninterrupted = load_file(run_dir / "model" / "model.safetensors"), load_file(straight / "model" / "model.safetensors")
+    assert resumed.keys() == uninterrupted.keys()
+    worst = max(float((resumed[k] - uninterrupted[k]).abs().max()) for k in resumed)
+    assert worst <= 1e-6, f"resumed weights differ from an uninterrupted run's by up to {worst}"
+    metrics = lambda d: [json.loads(l) for l in (d / "metrics.jsonl").read_text().splitlines()]  # noqa: E731
+    for a, b in zip(metrics(run_dir), metrics(straight), strict=True):
+        assert (a["step"], a["reward_mean"], a["trained_tokens"]) == (b["step"], b["reward_mean"], b["trained_tokens"])
 
 
 def test_injected_training_failure_fails_the_command_with_the_reason(ray_head, tiny_model, tmp_path):

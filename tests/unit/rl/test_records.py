@@ -116,3 +116,19 @@ def test_episode_record_splits_prompt_and_completion():
     assert [m["role"] for m in r["messages"]] == ["assistant", "tool", "assistant"]
     assert r["messages"][1]["content"] == "1463723"
     json.dumps(r)   # serialisable as is
+
+
+def test_shards_of_an_earlier_worker_count_are_cleared_before_a_rerun(tmp_path):
+    from tasks.rl.records import clear_stale_shards
+
+    recs = [_rec(t, r) for t in range(2) for r in range(4)]
+    keys = {record_key(r) for r in recs}
+    for k in range(4):  # a killed run with 2 workers: 4 shards
+        write_shard(tmp_path / f"shard-{k:04d}.jsonl", recs[k::4])
+    for k in range(2):  # the resumed run with 1 worker: 2 shards, the same records cut another way
+        write_shard(tmp_path / f"shard-{k:04d}.jsonl", recs[k::2])
+    with pytest.raises(RuntimeError, match="duplicated"):
+        read_step(tmp_path, keys)
+    removed = clear_stale_shards(tmp_path, {"shard-0000.jsonl", "shard-0001.jsonl"})
+    assert sorted(p.name for p in removed) == ["shard-0002.jsonl", "shard-0003.jsonl"]
+    assert read_step(tmp_path, keys) == sorted(recs, key=record_key)
