@@ -535,6 +535,26 @@ def _cost(s: dict) -> str:
             f"<dt>dollars per success point</dt><dd>{DASH if upp is None else _usd(upp)}</dd></dl>{table}</section>")
 
 
+def _training(s: dict) -> str:
+    """The GRPO run in figures: steps, rewards, KL to the champion, the engine/trainer gap."""
+    t = s.get("training")
+    if not isinstance(t, dict) or not t.get("steps"):
+        return ""
+
+    def num(key: str, fmt: str) -> str:
+        v = _num(t.get(key))
+        return DASH if v is None else format(v, fmt)
+
+    return ('<section class="training"><h3>Training</h3><dl>'
+            f"<dt>GRPO steps</dt><dd class=\"steps\">{e(t.get('steps'))}</dd>"
+            f"<dt>reward first → last</dt><dd>{num('first_reward', '.3f')} → {num('final_reward', '.3f')}</dd>"
+            f"<dt>KL to champion (token mean)</dt><dd class=\"kl\">{num('kl', '.4f')}</dd>"
+            f"<dt>ratio (token mean)</dt><dd>{num('ratio_mean', '.4f')}</dd>"
+            f"<dt>engine/trainer |Δ log p| mean / max</dt><dd class=\"engine-gap\">{num('engine_logp_gap_mean', '.2e')}"
+            f" / {num('engine_logp_gap_max', '.2e')}</dd>"
+            f"<dt>engine/trainer KL (k3)</dt><dd>{num('engine_k3', '.2e')}</dd></dl></section>")
+
+
 def _decision(s: dict, status: str) -> str:
     d = _get(s, "promotion", "decision")
     head = f'<p class="verdict {_status_class(status)}">{e(_status_label(status))}</p>'
@@ -587,7 +607,7 @@ def _run_card(i: int, run: Run) -> str:
             f'<span class="badge {_status_class(run.status)}">{e(_status_label(run.status))}</span>'
             f'<p class="meta">{e(s["dag_id"])} · started {_when(s.get("started_at"))} · finished '
             f'{_when(s.get("finished_at"))} · wall {_duration(s.get("wall_s"))}</p></header>'
-            f'<div class="grid">{_why(s)}{_success(s)}{_cost(s)}{_decision(s, run.status)}{_links(s)}</div>'
+            f'<div class="grid">{_why(s)}{_success(s)}{_cost(s)}{_training(s)}{_decision(s, run.status)}{_links(s)}</div>'
             f"{_timings(s)}</article>")
 
 

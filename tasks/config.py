@@ -103,8 +103,10 @@ class GRPOSettings(_Section):
     guard_share: float = Field(0.25, ge=0, lt=1, description="share of batch tasks from the champion's registry (guard)")
     lr: float = Field(1e-3, gt=0, description="AdamW learning rate")
     advantage: Literal["std", "mean"] = Field("std", description="'std': (r-mean)/std (GRPO); 'mean': r-mean (Dr. GRPO)")
-    eps_low: float = Field(0.2, gt=0, lt=1, description="lower clip: ratio >= 1 - eps_low")
-    eps_high: float = Field(0.28, gt=0, description="upper clip: ratio <= 1 + eps_high (DAPO clip-higher)")
+    eps_low: float = Field(0.2, gt=0, lt=1, description="lower clip: ratio >= 1 - eps_low (binds only with "
+                           "minibatches > 1: at one optimizer step per batch the ratio is exactly 1)")
+    eps_high: float = Field(0.28, gt=0, description="upper clip: ratio <= 1 + eps_high (DAPO clip-higher; inert at "
+                            "minibatches=1, like eps_low)")
     kl_coef: float = Field(0.0, ge=0, description="weight of the k3 KL to the reference (initial) policy; 0 = off")
     guard_kl_coef: float | None = Field(None, ge=0, description="the KL weight on guard-task episodes (the champion's "
                                         "registry); unset = kl_coef. Higher holds the guard closer to the champion "
@@ -113,8 +115,13 @@ class GRPOSettings(_Section):
                              "registry in every update (InstructGPT's PPO-ptx mix): holds the guard's skills while "
                              "the target is learnt; 0 = off")
     demo_batch: int = Field(16, ge=1, description="demonstrations per update when demo_coef > 0")
+    engine_is_cap: float | None = Field(None, gt=1, description="truncated importance sampling of the engine/trainer "
+                                        "gap: each token's surrogate is weighted by min(p_trainer / p_engine, cap), as "
+                                        "TRL's vllm_importance_sampling_cap (2) and verl's TIS; None = off (the gap is "
+                                        "logged every step either way: engine_logp_gap_mean/max, engine_k3)")
     max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping norm")
-    minibatches: int = Field(1, ge=1, description="optimizer steps per rollout batch")
+    minibatches: int = Field(1, ge=1, description="optimizer steps per rollout batch, each on a share of its groups; "
+                             "1 = on-policy REINFORCE with a group baseline (the clip is inert, clip metrics null)")
     micro_batch_tokens: int = Field(8192, ge=512, description="padded tokens per forward/backward (memory bound)")
     checkpoint_every: int = Field(5, ge=1, description="checkpoint every N steps (weights, optimizer, RNG, step)")
     num_train_workers: int = Field(1, ge=1, description="Ray Train workers (DDP: gloo on CPU, NCCL on GPUs)")
@@ -149,7 +156,10 @@ class GRPOSettings(_Section):
 
 class EvalSettings(_Section):
     num_tasks: int = Field(150, ge=10, description="held-out tasks per registry")
-    seed: int = Field(1000, description="seed of the held-out tasks (disjoint from training seeds)")
+    seed: int = Field(1000, description="seed of the held-out tasks")
+    split: Literal["eval", "dev"] = Field("eval", description="which held-out content the tasks are drawn from: "
+                                          "'eval' (the gate's; no setting may be chosen on it) or 'dev' (for tuning "
+                                          "trials); both are disjoint from all training content by construction")
     samples: int = Field(4, ge=1, description="sampled attempts per task at the rollout temperature")
     bootstrap_resamples: int = Field(2000, ge=100, description="paired-bootstrap resamples for intervals")
     confidence: float = Field(0.95, gt=0.5, lt=1, description="confidence level of the intervals")

@@ -223,13 +223,15 @@ def bootstrap(settings, rd: RunDir, force: bool = False) -> dict:
 
 # ------------------------------------------------------------------------------------------- tasks
 def build_tasks(settings, rd: RunDir, registry: str) -> dict:
-    """The held-out evaluation tasks of one tool registry (fixed seed), for every model of this run."""
+    """The held-out evaluation tasks of one tool registry (fixed seed, content of `eval.split`), for every
+    model of this run."""
     from collections import Counter
 
     from tasks.envs import get_env
 
     env = get_env(settings.env.name)
-    tasks = env.generate_tasks(settings.eval.num_tasks, settings.eval.seed, env.load_registry(registry))
+    tasks = env.generate_tasks(settings.eval.num_tasks, settings.eval.seed, env.load_registry(registry),
+                               split=settings.eval.split)
     path = rd.file("tasks", f"eval_v{registry}.jsonl")
     path.write_text("".join(json.dumps(t.to_dict()) + "\n" for t in tasks))
     out = {"registry": registry, "tasks": len(tasks), "families": dict(Counter(t.family for t in tasks)),
@@ -502,6 +504,8 @@ def update_registry(settings, rd: RunDir) -> dict:
 def summarize(settings, rd: RunDir, links: dict | None = None) -> dict:
     """The run's summary.json (the Evergreen page reads it), its MLflow status, and a printed summary;
     runs whatever happened upstream."""
+    from tasks.rl.metrics import metrics_digest
+
     run = rd.read("run.json") or {}
     promotion, skip = rd.read("promotion.json"), rd.read("skip.json")
     status = ("promoted" if promotion["decision"]["promote"] else "not_promoted") if promotion else \
@@ -527,6 +531,7 @@ def summarize(settings, rd: RunDir, links: dict | None = None) -> dict:
         "target_registry": settings.env.target_registry, "guard_registries": registries(settings)[1:],
         "greedy": comparisons.get("greedy"), "sampled": comparisons.get("sampled"),
         "probe": [json.loads(f.read_text()) for f in sorted((rd.path / "probe").glob("shard-*.json"))],
+        "training": metrics_digest(rd.path / "grpo" / "metrics.jsonl"),
         "promotion": promotion, "champion_version": None, "challenger_version": (promotion or {}).get("version"),
         "links": {"mlflow_run": run.get("mlflow_url"), **(links or {})},
         "timings": timings,

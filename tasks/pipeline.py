@@ -36,7 +36,8 @@ def eval_tasks(settings, registry: str):
     from tasks.envs import get_env
 
     env = get_env(settings.env.name)
-    return env.generate_tasks(settings.eval.num_tasks, settings.eval.seed, env.load_registry(registry))
+    return env.generate_tasks(settings.eval.num_tasks, settings.eval.seed, env.load_registry(registry),
+                              split=settings.eval.split)
 
 
 def evaluate_pool(pool, settings, registries: list[str]) -> dict:
@@ -152,10 +153,12 @@ def run_demo(settings, fresh: bool = True, run_key: str | None = None) -> dict:
         promotion = _promote(settings, tracker, run, run_key, champion, challenger, comparisons, greedy, timings,
                              metrics, validations={"data": signals["verdict"]["data_validation"] == "passed",
                                                    "evals": evals_ok})
+        from tasks.rl.metrics import training_digest
+
         summary = {"run_dir": str(run_dir), "bootstrap": boot, "signals": signals["verdict"],
                    "sampled": comparisons, "greedy": greedy, "promotion": promotion,
                    "mlflow": tracker.run_url(run), "timings": timings, "wall_s": time.time() - t_start,
-                   "grpo_metrics": metrics}
+                   "grpo_metrics": metrics, "training": training_digest(metrics)}
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
         tracker.log_artifact(run_dir / "summary.json")
     print_summary(summary, settings)

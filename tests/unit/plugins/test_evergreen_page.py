@@ -332,3 +332,25 @@ def test_airflow_plugins_manager_loads_the_plugin(tmp_path):
     assert view["href"] == "/evergreen/" and view["destination"] == "nav" and view["nav_top_level"] is True
     # the /api/v2/plugins model the UI reads accepts it
     assert any(v["url_route"] == "evergreen" and v["href"] == "/evergreen/" for v in got["info_views"])
+
+
+def test_training_figures_from_the_grpo_metrics(client, root, tmp_path):
+    """The page shows the run's KL to the champion and the engine/trainer gap, token-weighted over steps
+    (tasks.rl.metrics.training_digest, which `summarize` writes into the summary)."""
+    from tasks.rl.metrics import metrics_digest
+
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text("".join(json.dumps(m) + "\n" for m in [
+        {"step": 1, "reward_mean": 0.4, "success_rate": 0.3, "kl": 0.0, "kl_tokens": 100, "ratio_mean": 1.0,
+         "pg_tokens": 50, "engine_logp_gap_mean": 1e-4, "engine_logp_gap_max": 2e-3, "engine_k3": 1e-8,
+         "engine_tokens": 60, "trained_tokens": 100},
+        {"step": 2, "reward_mean": 0.6, "success_rate": 0.5, "kl": 0.03, "kl_tokens": 300, "ratio_mean": 1.0,
+         "pg_tokens": 150, "engine_logp_gap_mean": 3e-4, "engine_logp_gap_max": 1e-3, "engine_k3": 3e-8,
+         "engine_tokens": 180, "trained_tokens": 300}]))
+    digest = metrics_digest(metrics)
+    assert digest["steps"] == 2 and digest["kl"] == pytest.approx(0.0225)  # (0 * 100 + 0.03 * 300) / 400
+    assert digest["engine_logp_gap_mean"] == pytest.approx(2.5e-4) and digest["engine_logp_gap_max"] == 2e-3
+    assert metrics_digest(tmp_path / "none.jsonl") == {"steps": 0}
+    _write(root, "trained", _summary("trained", "2026-12-03T03:00:00+00:00", "promoted", training=digest))
+    text = client.get("/").text
+    assert '<dd class="kl">0.0225</dd>' in text and '<dd class="engine-gap">2.50e-04 / 2.00e-03</dd>' in text

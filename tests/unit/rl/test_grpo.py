@@ -206,10 +206,83 @@ def test_kl_weight_per_sequence():
     loss, _ = clipped_policy_loss(*args, eps_low=0.2, eps_high=0.28, ref_logp=_t([[0.5], [0.5]]),
                                   kl_coef=torch.tensor([0.1, 0.5]))
     assert loss.item() == pytest.approx(0.3 * kl0)
-    # one weight zero, the other not: the KL is still computed and applied where it is weighted
+    # one weight zero, the other not: the KL is the token mean over the weighted sequence only
     loss, stats = clipped_policy_loss(*args, eps_low=0.2, eps_high=0.28, ref_logp=_t([[0.5], [0.5]]),
                                       kl_coef=torch.tensor([0.0, 0.4]))
-    assert loss.item() == pytest.approx(0.2 * kl0) and stats["kl"] == pytest.approx(kl0)
+    assert loss.item() == pytest.approx(0.4 * kl0) and stats["kl"] == pytest.approx(kl0)
+    assert stats["kl_tokens"] == 1.0
+
+
+def test_kl_acts_on_zero_advantage_sequences_with_its_own_token_mean():
+    # seq 0: A = 0 (a saturated group), KL 0.5 away from the reference; seq 1: A = 1, on the reference.
+    # The surrogate is the mean over seq 1's two tokens; the KL the mean over all three weighted tokens.
+    kl0 = math.exp(0.5) - 0.5 - 1.0
+    logp = _t([[0.0, 0.0], [0.0, 0.0]], requires_grad=True)
+    mask = _t([[1.0, 0.0], [1.0, 1.0]])
+    loss, stats = clipped_policy_loss(logp, logp.detach().clone(), _t([0.0, 1.0]), mask, eps_low=0.2, eps_high=0.28,
+                                      ref_logp=_t([[0.5, 0.0], [0.0, 0.0]]), kl_coef=1.0)
+    assert stats["pg_tokens"] == 2.0 and stats["kl_tokens"] == 3.0
+    assert loss.item() == pytest.approx(-1.0 + kl0 / 3)
+    loss.backward()
+    assert logp.grad[0, 0].item() == pytest.approx((1.0 - math.exp(0.5)) / 3)  # restoring force on seq 0
+
+
+def test_global_token_counts_scale_each_term():
+    logp = _t([[0.0]], requires_grad=True)
+    loss, _ = clipped_policy_loss(logp, _t([[0.0]]), _t([1.0]), _t([[1.0]]), eps_low=0.2, eps_high=0.28,
+                                  ref_logp=_t([[0.5]]), kl_coef=1.0, pg_tokens=4.0, kl_tokens=10.0)
+    assert loss.item() == pytest.approx(-1.0 / 4 + (math.exp(0.5) - 1.5) / 10)
+
+
+def test_clipping_is_counted_only_where_the_clip_binds():
+    # A > 0 with a ratio under 1 - eps_low: min() picks the unclipped term, nothing is clipped (TRL's count);
+    # A < 0 with a ratio over 1 + eps_high: the same on the other side
+    for r, a in [(0.5, 1.0), (1.5, -1.0)]:
+        _, stats = clipped_policy_loss(_ratio_logp([[r]]), _t([[0.0]]), _t([a]), _t([[1.0]]), eps_low=0.2, eps_high=0.28)
+        assert stats["clip_fraction"] == 0.0 and stats["clip_low"] == stats["clip_high"] == 0.0
+    _, low = clipped_policy_loss(_ratio_logp([[0.5]]), _t([[0.0]]), _t([-1.0]), _t([[1.0]]), eps_low=0.2, eps_high=0.28)
+    _, high = clipped_policy_loss(_ratio_logp([[1.5]]), _t([[0.0]]), _t([1.0]), _t([[1.0]]), eps_low=0.2, eps_high=0.28)
+    assert (low["clip_low"], low["clip_high"], high["clip_low"], high["clip_high"]) == (1.0, 0.0, 0.0, 1.0)
+
+
+def test_k3_is_bounded_and_masked_positions_cannot_give_nan():
+    # a token at log-prob -15 under a reference at 0: the log-ratio is bounded at 10
+    logp = _t([[-15.0, 0.0]], requires_grad=True)
+    loss, stats = clipped_policy_loss(logp, logp.detach().clone(), _t([0.0]), _t([[1.0, 0.0]]), eps_low=0.2,
+                                      eps_high=0.28, ref_logp=_t([[0.0, float("inf")]]), kl_coef=1.0)
+    assert stats["kl"] == pytest.approx(math.exp(10.0) - 11.0)
+    assert math.isfinite(loss.item())
+    loss.backward()
+    assert torch.isfinite(logp.grad).all() and logp.grad[0, 1].item() == 0.0
+    # the surrogate's ratio at a masked position with -inf log-probs does not poison the loss either
+    logp2 = _t([[0.0, float("-inf")]], requires_grad=True)
+    loss2, _ = clipped_policy_loss(logp2, _t([[0.0, 0.0]]), _t([1.0]), _t([[1.0, 0.0]]), eps_low=0.2, eps_high=0.28)
+    assert loss2.item() == pytest.approx(-1.0)
+
+
+def test_token_logprobs_divide_logits_by_the_temperature():
+    logits = torch.tensor([[[2.0, 0.0, 1.0], [0.0, 0.0, 0.0]]])
+    ids = torch.tensor([[0, 2]])
+    assert token_logprobs(logits, ids, temperature=0.5).item() == pytest.approx(
+        torch.log_softmax(logits[0, 0] / 0.5, -1)[2].item())
+    assert token_logprobs(logits, ids).item() == pytest.approx(torch.log_softmax(logits[0, 0], -1)[2].item())
+
+
+def test_engine_gap_and_truncated_importance_weights():
+    from tasks.rl.grpo import engine_gap, truncated_is_weights
+
+    trainer, engine = _t([[-1.0, -2.0, -3.0]]), _t([[-1.1, -1.0, 0.0]])
+    mask = _t([[1.0, 1.0, 0.0]])  # the third token is a tool result: not the engine's
+    gap = engine_gap(trainer, engine, mask)
+    assert gap["tokens"] == 2.0 and gap["abs_sum"] == pytest.approx(1.1) and gap["abs_max"] == pytest.approx(1.0)
+    assert gap["k3_sum"] == pytest.approx((math.exp(0.1) - 1.1) + (math.exp(-1.0) + 1.0 - 1.0))
+    w = truncated_is_weights(trainer, engine, mask, cap=2.0)
+    assert w.tolist()[0] == pytest.approx([math.exp(0.1), math.exp(-1.0), 1.0])
+    assert truncated_is_weights(_t([[0.0]]), _t([[-5.0]]), _t([[1.0]]), cap=2.0).item() == pytest.approx(2.0)
+    # the weights multiply the surrogate per token
+    loss, _ = clipped_policy_loss(_t([[0.0]]), _t([[0.0]]), _t([1.0]), _t([[1.0]]), eps_low=0.2, eps_high=0.28,
+                                  is_weights=_t([[0.5]]))
+    assert loss.item() == pytest.approx(-0.5)
 
 
 # ---------------------------------------------------------------- token_logprobs

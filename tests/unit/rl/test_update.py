@@ -19,10 +19,13 @@ def _records(tok, n_groups=3, group=4):
         for r in range(group):
             n_p, n_c = 60 + 10 * t, 5 + r
             comp = torch.randint(9, tok.vocab_size, (n_c,), generator=g).tolist()
+            mask = [1] * (n_c - 2) + [0, 0]
+            engine = (-3 * torch.rand(n_c, generator=g)).tolist()
             recs.append({"task_index": t, "rollout_index": r, "policy_version": 0, "reward": float(r % 2),
                          "success": bool(r % 2), "completion_tokens": n_c,
                          "prompt_ids": torch.randint(9, tok.vocab_size, (n_p,), generator=g).tolist(),
-                         "completion_ids": comp, "completion_mask": [1] * (n_c - 2) + [0, 0]})
+                         "completion_ids": comp, "completion_mask": mask,
+                         "logprobs": [lp if m else 0.0 for lp, m in zip(engine, mask)]})
     return recs
 
 
@@ -45,7 +48,7 @@ def test_micro_batches_give_the_same_update_as_one_batch():
         assert torch.allclose(p, q, atol=1e-6)
 
 
-def test_groups_without_signal_are_not_trained():
+def test_groups_without_signal_are_not_in_the_policy_gradient():
     s = _settings()
     model, tok = build_model(s.model)
     recs = _records(tok)
@@ -169,3 +172,135 @@ def test_one_minibatch_update_equals_the_update_with_a_separate_old_pass():
             p -= 0.1 * p.grad
     for p, q in zip(model.parameters(), reference.parameters()):
         assert torch.allclose(p, q, atol=1e-6)
+
+
+def test_kl_holds_a_saturated_guard_group():
+    """A guard group the policy solves every time has zero advantage; its KL still enters the loss (on the
+    old code the whole group was dropped: a loss of about 5e-9 with guard_kl_coef=5)."""
+    base = {"tasks_per_step": 3, "guard_share": 1 / 3, "kl_coef": 0.0, "guard_kl_coef": 5.0}
+    model, tok = build_model(_settings().model)
+    ref = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    guard = [r for r in _records(tok) if r["task_index"] == 2]
+    for r in guard:
+        r["reward"], r["success"] = 1.0, True
+    m = copy.deepcopy(model)
+    metrics = grpo_update(m, torch.optim.SGD(m.parameters(), lr=0.1), guard, _settings(**base), tok.pad_id, ref_model=ref)
+    assert metrics["episodes_trained"] == 0 and metrics["episodes_in_loss"] == 4
+    assert metrics["loss"] > 1e-3 and metrics["kl"] > 1e-3
+    assert metrics["trained_tokens"] == sum(sum(r["completion_mask"]) for r in guard)
+    moved = sum(float((p - q).abs().sum()) for p, q in zip(m.parameters(), model.parameters()))
+    assert moved > 1e-4  # towards the reference
+
+
+def test_update_logs_kl_ratio_and_engine_gap_token_weighted():
+    s = _settings(kl_coef=0.1)
+    model, tok = build_model(s.model)
+    recs = _records(tok)
+    m = grpo_update(copy.deepcopy(model), torch.optim.SGD(model.parameters(), lr=0.0), recs, s, tok.pad_id,
+                    ref_model=copy.deepcopy(model))
+    assert m["kl"] == pytest.approx(0.0, abs=1e-9)  # the reference is the policy itself
+    assert m["ratio_mean"] == pytest.approx(1.0)
+    assert m["clip_low_fraction"] is None and m["clip_high_fraction"] is None  # inert at one step per batch
+    # the engine's log-probabilities were random: the gap is what the trainer's differ from them, token-weighted
+    from tasks.rl.grpo import pad_batch, sequence_token_logprobs
+    diffs = []
+    for r in recs:
+        ids, attn, mask = pad_batch([r["prompt_ids"] + r["completion_ids"]],
+                                    [[0] * len(r["prompt_ids"]) + r["completion_mask"]], tok.pad_id)
+        with torch.no_grad():
+            logp = sequence_token_logprobs(model, ids, attn)[0]
+        engine = torch.tensor([0.0] * len(r["prompt_ids"]) + r["logprobs"])[1:]
+        diffs += [abs(float(a - b)) for a, b, k in zip(logp, engine, mask[0]) if k]
+    assert m["engine_logp_gap_mean"] == pytest.approx(sum(diffs) / len(diffs), rel=1e-4)
+    assert m["engine_logp_gap_max"] == pytest.approx(max(diffs), rel=1e-4)
+    s2 = _settings(minibatches=2)
+    m2 = grpo_update(copy.deepcopy(model), torch.optim.SGD(model.parameters(), lr=0.0), recs, s2, tok.pad_id)
+    assert m2["clip_low_fraction"] == 0.0 and m2["clip_high_fraction"] == 0.0
+
+
+def test_truncated_importance_sampling_changes_the_update_only_when_on():
+    model, tok = build_model(_settings().model)
+    recs = _records(tok)
+
+    def updated(**grpo):
+        m = copy.deepcopy(model)
+        grpo_update(m, torch.optim.SGD(m.parameters(), lr=0.1), recs, _settings(max_grad_norm=1e9, **grpo), tok.pad_id)
+        return torch.cat([p.detach().flatten() for p in m.parameters()])
+
+    plain, capped = updated(), updated(engine_is_cap=2.0)
+    assert not torch.allclose(plain, capped)
+    # engine log-probabilities equal to the trainer's make every weight 1: the same update as without
+    from tasks.rl.grpo import pad_batch, sequence_token_logprobs
+    for r in recs:
+        ids, attn, _ = pad_batch([r["prompt_ids"] + r["completion_ids"]],
+                                 [[0] * len(r["prompt_ids"]) + r["completion_mask"]], tok.pad_id)
+        with torch.no_grad():
+            logp = sequence_token_logprobs(model, ids, attn)[0].tolist()[len(r["prompt_ids"]) - 1:]
+        r["logprobs"] = [lp if k else 0.0 for lp, k in zip(logp, r["completion_mask"])]
+    assert torch.allclose(updated(), updated(engine_is_cap=2.0), atol=1e-6)
+
+
+def test_resume_drops_metric_lines_of_steps_trained_again(tmp_path):
+    import json
+
+    from tasks.rl.metrics import keep_metrics
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps({"step": s, "trained_tokens": 10}) + "\n" for s in [1, 2, 3]))
+    assert keep_metrics(path, 2) == 1
+    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1, 2]
+    assert keep_metrics(path, 2) == 0 and keep_metrics(tmp_path / "absent.jsonl", 0) == 0
+
+
+def _worker_update(rank, world, port, out_dir, demos_seed):
+    """One rank of a gloo group: the same model, records and settings, its share of the update."""
+    import torch.distributed as dist
+
+    from tasks.policy.sft import demonstration_batch
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        torch.set_num_threads(1)
+        s = _settings(kl_coef=0.1, demo_coef=0.5, micro_batch_tokens=512, num_train_workers=world)
+        model, tok = build_model(s.model)
+        ref = copy.deepcopy(model)
+        with torch.no_grad():
+            for p in ref.parameters():
+                p.add_(0.02 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+        recs = _records(tok, n_groups=5, group=4)
+        recs[0]["reward"] = recs[1]["reward"] = recs[2]["reward"] = recs[3]["reward"] = 1.0  # one saturated group
+        demos = demonstration_batch("desk", tok, 5, seed=demos_seed, max_len=512)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        metrics = [grpo_update(model, opt, recs, s, tok.pad_id, ref_model=ref, demos=demos, rank=rank, world=world)
+                   for _ in range(2)]
+        if rank == 0:
+            torch.save({"params": [p.detach().clone() for p in model.parameters()], "metrics": metrics},
+                       f"{out_dir}/world{world}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_two_gloo_workers_make_the_same_update_as_one(tmp_path):
+    """Whole groups per rank, global token means, one all-reduce per optimizer step: 2 workers (gloo, CPU)
+    give one worker's update to float tolerance (on the old code each rank saw half of every group)."""
+    import torch.multiprocessing as mp
+
+    for world in (1, 2):
+        mp.spawn(_worker_update, args=(world, _free_port(), str(tmp_path), 5), nprocs=world, join=True)
+    one, two = torch.load(tmp_path / "world1.pt"), torch.load(tmp_path / "world2.pt")
+    for p, q in zip(one["params"], two["params"]):
+        assert torch.allclose(p, q, atol=1e-5), float((p - q).abs().max())
+    for a, b in zip(one["metrics"], two["metrics"]):
+        for key in ("loss", "grad_norm", "kl", "trained_tokens", "demo_nll", "engine_logp_gap_mean", "engine_k3"):
+            assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), key
