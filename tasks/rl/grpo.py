@@ -122,10 +122,13 @@ def engine_gap(trainer_logp: torch.Tensor, engine_logp: torch.Tensor, mask: torc
     tokens: token sums of |difference| and of k3 (KL(engine || trainer), the samples being the engine's),
     the max |difference| and the token count. Large values mean the two compute different policies
     (numerics, a stale weight sync, a temperature mismatch)."""
-    mask = mask.to(trainer_logp.dtype)
+    # float64 and expm1: at gaps of 1e-7 (fp32 engine and trainer agree that well), exp(d) - d - 1 in fp32
+    # is all rounding and comes out negative
+    mask = mask.to(torch.float64)
     valid = mask > 0
-    d = torch.where(valid, trainer_logp.detach() - engine_logp, torch.zeros_like(trainer_logp))
-    k3 = torch.exp(d.clamp(-KL_LOG_RATIO_BOUND, KL_LOG_RATIO_BOUND)) - d.clamp(-KL_LOG_RATIO_BOUND, KL_LOG_RATIO_BOUND) - 1.0
+    d = torch.where(valid, trainer_logp.detach().double() - engine_logp.double(), torch.zeros_like(mask))
+    bounded = d.clamp(-KL_LOG_RATIO_BOUND, KL_LOG_RATIO_BOUND)
+    k3 = torch.expm1(bounded) - bounded
     return {"tokens": float(mask.sum()), "abs_sum": float((d.abs() * mask).sum()), "k3_sum": float((k3 * mask).sum()),
             "abs_max": float(d.abs().max()) if bool(valid.any()) else 0.0}
 

@@ -276,6 +276,8 @@ def test_engine_gap_and_truncated_importance_weights():
     gap = engine_gap(trainer, engine, mask)
     assert gap["tokens"] == 2.0 and gap["abs_sum"] == pytest.approx(1.1) and gap["abs_max"] == pytest.approx(1.0)
     assert gap["k3_sum"] == pytest.approx((math.exp(0.1) - 1.1) + (math.exp(-1.0) + 1.0 - 1.0))
+    tiny = engine_gap(_t([[-1.0]]), _t([[-1.0 + 1e-7]]), _t([[1.0]]))
+    assert 0.0 <= tiny["k3_sum"] == pytest.approx(0.5e-14, rel=1e-2)  # not fp32 rounding noise
     w = truncated_is_weights(trainer, engine, mask, cap=2.0)
     assert w.tolist()[0] == pytest.approx([math.exp(0.1), math.exp(-1.0), 1.0])
     assert truncated_is_weights(_t([[0.0]]), _t([[-5.0]]), _t([[1.0]]), cap=2.0).item() == pytest.approx(2.0)
