@@ -2,8 +2,7 @@
 
 Tasks are generated deterministically from a seed, either with the tools of a registry file
 (`include/tools/registry_v*.json`) or, for the bootstrap, with random tool and argument names, random
-argument types and shuffled tool order, so that the policy learns to *read* the schema in its prompt,
-and with made-up city facts, so that it learns to answer from the tool's result, not from memory.
+argument types and shuffled tool order, so that the policy learns to *read* the schema in its prompt.
 
 The tool service behind registry version 1 is lenient about value formats: it accepts an operation as a
 word or a symbol ("add" or "+"), a unit as a name or a symbol ("kilometers" or "km"), a city key in
@@ -42,8 +41,6 @@ CITIES = {
     "lagos": (15388000, "Nigeria", 41), "kyoto": (1463723, "Japan", 50), "denver": (715522, "USA", 1609),
 }
 FIELDS = ("population", "country", "elevation")
-COUNTRIES = sorted({c for _, c, _ in CITIES.values()} | {"Chile", "Kenya", "Spain", "Brazil", "India", "Canada",
-                                                          "Mexico", "Poland", "Ghana", "Nepal", "Fiji", "Oman"})
 STRICT_FROM_VERSION = 2
 SPLITS = (("eval", 0.25), ("dev", 0.15), ("train", 0.60))  # share of the content hash space, in this order
 # Only 36 (city, field) pairs exist, so a split by plain hash may leave a city or a field without any
@@ -89,10 +86,8 @@ class DeskService:
     `family` and `solution` (the generator's canonical values) let `solves` tell a call that solves the
     task from one that only returns the right value (an echo such as answer + 0 or km -> km)."""
 
-    def __init__(self, bindings: dict, strict: bool, family: str | None = None, solution: list | None = None,
-                 fact: str | None = None):
+    def __init__(self, bindings: dict, strict: bool, family: str | None = None, solution: list | None = None):
         self.bindings, self.strict, self.family, self.solution = bindings, strict, family, solution
-        self.fact = fact  # a bootstrap lookup's own answer, in place of the table's (see generate_tasks)
 
     def __call__(self, name: str, arguments: dict) -> str:
         return getattr(self, "_" + self.bindings[name]["handler"])(*self.canonical(name, arguments))
@@ -188,15 +183,14 @@ class DeskService:
             raise ToolError(f"{value} {s} in {d} is out of range")
         return str(int(round(out))) if abs(out - round(out)) < 1e-9 else f"{out:g}"
 
-    def _lookup(self, city: str, fieldname: str) -> str:
-        if self.fact is not None and [city, fieldname] == list(self.solution or []):
-            return self.fact
+    @staticmethod
+    def _lookup(city: str, fieldname: str) -> str:
         return str(CITIES[city][FIELDS.index(fieldname)])
 
 
 def make_service(task: Task) -> DeskService:
     return DeskService(task.service["bindings"], strict=task.service["strict"], family=task.family,
-                       solution=task.service.get("solution"), fact=task.service.get("fact"))
+                       solution=task.service.get("solution"))
 
 
 # ---------------------------------------------------------------- splits
@@ -244,13 +238,6 @@ def _question_and_values(family: str, rng: random.Random) -> tuple[str, dict]:
     fieldname = rng.choice(FIELDS)
     q = rng.choice([f"What is the {fieldname} of {city.title()}?", f"{city.title()}: {fieldname}?"])
     return q, {"values": [city, fieldname], "expected": str(CITIES[city][FIELDS.index(fieldname)])}
-
-
-def _random_fact(fieldname: str, rng: random.Random) -> str:
-    """A made-up value of a city field, in the real values' shape (digits, or a country name)."""
-    if fieldname == "country":
-        return rng.choice(COUNTRIES)
-    return str(rng.randint(10_000, 20_000_000) if fieldname == "population" else rng.randint(1, 4_000))
 
 
 def _random_name(rng: random.Random, words: list[str], max_len: int) -> str:
@@ -313,19 +300,14 @@ def generate_tasks(n: int, seed: int, registry: dict | None = None, families: tu
         while split is not None and split_of(family, sol["values"]) != split:
             question, sol = _question_and_values(family, rng)
         tools = registry["tools"] if registry else _random_tools(rng)
-        service = {"strict": registry is not None and int(registry["version"]) >= STRICT_FROM_VERSION}
-        if registry is None and family == "lookup":
-            # the bootstrap's city facts are made up per task: with the table's own 36 facts the champion
-            # memorised the pairs it was shown and answered unseen ones from memory, not from the tool's
-            # result (2026-12-04: 18 % on held-out lookups); a made-up fact can only be copied from it
-            sol["expected"] = service["fact"] = _random_fact(sol["values"][1], rng)
         if offer == "routed":
             tools = [t for t in tools if t.get("x-evergreen-handler") == family]
+        strict = registry is not None and int(registry["version"]) >= STRICT_FROM_VERSION
         out.append(Task(
             task_id=f"desk-r{version}-s{seed}-{i}" if split is None else f"desk-r{version}-{split}-s{seed}-{i}",
             env="desk", family=family, question=question, tools=tools,
             expected=sol["expected"],
-            service={**service, "bindings": _tool_bindings(tools), "solution": sol["values"]},
+            service={"strict": strict, "bindings": _tool_bindings(tools), "solution": sol["values"]},
         ))
     return out
 
@@ -349,8 +331,7 @@ def demonstration(task: Task, rng: random.Random) -> list[str]:
     for (name, spec), v in zip(props.items(), values):
         args[name] = str(v) if spec["type"] == "string" else v
     call = json.dumps({"name": tool["function"]["name"], "arguments": args}, separators=(",", ":"))
-    result = DeskService(task.service["bindings"], strict=False, family=task.family, solution=task.service["solution"],
-                         fact=task.service.get("fact"))(tool["function"]["name"], args)
+    result = DeskService(task.service["bindings"], strict=False)(tool["function"]["name"], args)
     return [f"<tool_call>{call}</tool_call>", result]
 
 
