@@ -340,12 +340,13 @@ def record_training(settings, rd: RunDir, job: dict | None = None) -> dict:
     """After the Ray job: its metrics and the challenger go to MLflow (the model under the pipeline run's
     `model` path, which the registry stage registers)."""
     from tasks.pipeline import _track_training
+    from tasks.rl.metrics import read_metrics
 
     grpo = rd.path / "grpo"
     metrics_file = grpo / "metrics.jsonl"
     if not (grpo / "model" / "config.json").exists():
         raise FileNotFoundError(f"the GRPO job finished but {grpo / 'model'} has no model: read the job's log")
-    metrics = [json.loads(line) for line in metrics_file.read_text().splitlines()] if metrics_file.exists() else []
+    metrics = read_metrics(metrics_file)
     started = (rd.read("grpo_job.json") or {}).get("started", time.time())
     actors = settings.rollout.num_workers * settings.rollout.cpus_per_worker
     rd.record_timing("grpo", time.time() - started, cpus=actors + settings.grpo.num_train_workers,

@@ -146,15 +146,15 @@ def run_demo(settings, fresh: bool = True, run_key: str | None = None) -> dict:
         for reg in regs:
             for name, res in (("champion", champion[reg]), ("challenger", challenger[reg])):
                 (run_dir / f"eval_{name}_v{reg}.jsonl").write_text("\n".join(json.dumps(r) for r in res.table) + "\n")
-        metrics = [json.loads(line) for line in (run_dir / "grpo" / "metrics.jsonl").read_text().splitlines()]
+        from tasks.rl.metrics import read_metrics, training_digest
+
+        metrics = read_metrics(run_dir / "grpo" / "metrics.jsonl")
         evals_ok = _track_evals(tracker, settings, run_dir, champion, challenger, comparisons, greedy)
         _track_training(tracker, run_dir / "grpo", metrics)
         tracker.log_artifacts(challenger_dir, "model")
         promotion = _promote(settings, tracker, run, run_key, champion, challenger, comparisons, greedy, timings,
                              metrics, validations={"data": signals["verdict"]["data_validation"] == "passed",
                                                    "evals": evals_ok})
-        from tasks.rl.metrics import training_digest
-
         summary = {"run_dir": str(run_dir), "bootstrap": boot, "signals": signals["verdict"],
                    "sampled": comparisons, "greedy": greedy, "promotion": promotion,
                    "mlflow": tracker.run_url(run), "timings": timings, "wall_s": time.time() - t_start,

@@ -28,6 +28,12 @@ import torch
 import torch.nn.functional as F
 
 KL_LOG_RATIO_BOUND = 10.0  # |ref - logp| beyond this gives no KL gradient (verl bounds the same log-ratio)
+ADVANTAGE_EPS = 1e-8  # a sequence whose |advantage| is at most this has no policy-gradient signal
+
+
+def has_signal(advantage: float) -> bool:
+    """Whether a sequence enters the surrogate (its group's rewards were not all equal)."""
+    return abs(advantage) > ADVANTAGE_EPS
 
 
 def group_advantages(rewards: list[float], group_ids: list, mode: str = "std", eps: float = 1e-6) -> list[float]:
@@ -84,7 +90,7 @@ def clipped_policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: 
     """
     mask = mask.to(logp.dtype)
     valid = mask > 0
-    pg_mask = mask * (advantages.abs() > 1e-8).to(logp.dtype).unsqueeze(-1)
+    pg_mask = mask * (advantages.abs() > ADVANTAGE_EPS).to(logp.dtype).unsqueeze(-1)
     n_pg = float(pg_mask.sum())
     # masked positions (padding, prompt, tool results) hold arbitrary values: zero them before exp, so that
     # a huge difference there cannot give inf * 0 = NaN
@@ -99,7 +105,7 @@ def clipped_policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: 
     with torch.no_grad():
         low = ((ratio < 1.0 - eps_low) & (adv < 0)).to(mask.dtype) * pg_mask
         high = ((ratio > 1.0 + eps_high) & (adv > 0)).to(mask.dtype) * pg_mask
-    stats = {"pg_tokens": n_pg, "kl_tokens": 0.0, "ratio_sum": float((ratio.detach() * pg_mask).sum()),
+    stats = {"pg_tokens": n_pg, "kl_tokens": 0.0, "kl_sum": 0.0, "ratio_sum": float((ratio.detach() * pg_mask).sum()),
              "clip_low": float(low.sum()), "clip_high": float(high.sum())}
     stats["clip_fraction"] = (stats["clip_low"] + stats["clip_high"]) / max(n_pg, 1.0)
     stats["ratio_mean"] = stats["ratio_sum"] / max(n_pg, 1.0)
@@ -113,7 +119,8 @@ def clipped_policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: 
         kl = torch.exp(delta) - delta - 1.0
         n_kl = float(kl_mask.sum())
         loss = loss + (coef.unsqueeze(-1) * kl * kl_mask).sum() / max(kl_tokens if kl_tokens is not None else n_kl, 1.0)
-        stats.update(kl_tokens=n_kl, kl_sum=float((kl.detach() * kl_mask).sum()), kl=float((kl.detach() * kl_mask).sum()) / max(n_kl, 1.0))
+        kl_sum = float((kl.detach() * kl_mask).sum())
+        stats.update(kl_tokens=n_kl, kl_sum=kl_sum, kl=kl_sum / max(n_kl, 1.0))
     return loss, stats
 
 

@@ -50,6 +50,7 @@ def training_digest(metrics: list[dict]) -> dict:
 
 
 def read_metrics(path: Path) -> list[dict]:
+    """The per-step metric lines of a GRPO run; none when it has not written any yet."""
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 

@@ -37,7 +37,7 @@ import torch
 from tasks.envs import get_env
 from tasks.rl.metrics import keep_metrics
 from tasks.policy.sft import demonstration_batch, demonstration_loss
-from tasks.rl.grpo import (clipped_policy_loss, engine_gap, group_advantages, pad_batch, pad_values,
+from tasks.rl.grpo import (clipped_policy_loss, engine_gap, group_advantages, has_signal, pad_batch, pad_values,
                            sequence_token_logprobs, truncated_is_weights)
 
 log = logging.getLogger(__name__)
@@ -62,11 +62,16 @@ def training_tasks(settings, step: int) -> list:
     return target + guard
 
 
+def _length(record: dict) -> int:
+    """The episode's tokens as the trainer sees them: prompt and completion."""
+    return len(record["prompt_ids"]) + len(record["completion_ids"])
+
+
 def _micro_batches(indices: list[int], records: list[dict], max_tokens: int) -> list[list[int]]:
     """Consecutive (length-sorted) indices grouped so that padded size stays under max_tokens."""
     out, cur, width = [], [], 0
     for i in indices:
-        n = len(records[i]["prompt_ids"]) + len(records[i]["completion_ids"])
+        n = _length(records[i])
         if cur and max(width, n) * (len(cur) + 1) > max_tokens:
             out.append(cur)
             cur, width = [], 0
@@ -85,7 +90,7 @@ def rank_groups(records: list[dict], indices: list[int], world: int) -> list[lis
     groups: dict = {}
     for i in indices:
         groups.setdefault(_group_key(records[i]), []).append(i)
-    size = {k: sum(len(records[i]["prompt_ids"]) + len(records[i]["completion_ids"]) for i in v) for k, v in groups.items()}
+    size = {k: sum(_length(records[i]) for i in v) for k, v in groups.items()}
     load, out = [0] * world, [[] for _ in range(world)]
     for k in sorted(groups, key=lambda k: (-size[k], k)):
         r = min(range(world), key=lambda r: (load[r], r))
@@ -132,7 +137,7 @@ def grpo_update(model, optimizer, records: list[dict], settings, pad_id: int, re
 
     kl_on = ref_model is not None and g.uses_reference
     # the policy gradient needs a non-zero advantage; the KL acts on every episode it weighs
-    signal = [abs(a) > 1e-8 for a in adv]
+    signal = [has_signal(a) for a in adv]
     in_loss = [i for i in range(len(records)) if signal[i] or (kl_on and kl_coef_of(records[i]) > 0)]
     metrics = {"reward_mean": sum(rewards) / len(rewards),
                "success_rate": sum(r["success"] for r in records) / len(records),
@@ -146,13 +151,12 @@ def grpo_update(model, optimizer, records: list[dict], settings, pad_id: int, re
     groups = sorted({_group_key(records[i]) for i in in_loss})
     minibatch_of = {k: n % g.minibatches for n, k in enumerate(groups)}
     device = next(model.parameters()).device
-    length = lambda i: len(records[i]["prompt_ids"]) + len(records[i]["completion_ids"])  # noqa: E731
     plan = []  # per minibatch: its global token counts and this rank's micro-batches
     for k in range(g.minibatches):
         members = [i for i in in_loss if minibatch_of[_group_key(records[i])] == k]
         pg_tokens = float(sum(_completion_tokens(records[i]) for i in members if signal[i]))
         kl_tokens = float(sum(_completion_tokens(records[i]) for i in members if kl_on and kl_coef_of(records[i]) > 0))
-        mine = sorted(rank_groups(records, members, world)[rank], key=length)
+        mine = sorted(rank_groups(records, members, world)[rank], key=lambda i: _length(records[i]))
         batches = []
         # length-sorted micro-batches: little padding, bounded memory; gradients accumulate over them
         for mb in _micro_batches(mine, records, g.micro_batch_tokens):
@@ -195,9 +199,8 @@ def grpo_update(model, optimizer, records: list[dict], settings, pad_id: int, re
             loss.backward()
             gap = engine_gap(old, engine, loss_mask)
             sums["loss"] += loss.item()
-            for key in ("pg_tokens", "kl_tokens", "ratio_sum", "clip_low", "clip_high"):
+            for key in ("pg_tokens", "kl_tokens", "kl_sum", "ratio_sum", "clip_low", "clip_high"):
                 sums[key] += stats[key]
-            sums["kl_sum"] += stats.get("kl_sum", 0.0)
             sums["gap_tokens"] += gap["tokens"]
             sums["gap_abs_sum"] += gap["abs_sum"]
             sums["gap_k3_sum"] += gap["k3_sum"]
