@@ -118,17 +118,35 @@ def read_bytes(uri: str | Path, verify: bool = True) -> bytes:
 
 
 @contextlib.contextmanager
-def _local_replace(path: Path) -> Iterator[BinaryIO]:
-    """A file written under a temporary name beside `path`, renamed over it only when complete."""
+def atomic_writer(path: str | Path) -> Iterator[BinaryIO]:
+    """A file written under a temporary name beside `path`, fsynced, renamed over it only when complete, and
+    the directory fsynced: a reader sees the old file or the whole new one, and a crash (power loss
+    included) never leaves half a file under the real name. The one atomic write of the project."""
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         with os.fdopen(fd, "wb") as f:
             yield f
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        os.unlink(tmp)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
         raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)  # the rename itself survives a crash
+    finally:
+        os.close(dir_fd)
+
+
+def write_atomic(path: str | Path, data: str | bytes) -> Path:
+    """`data` (text is UTF-8 encoded) written to a local `path` through atomic_writer."""
+    with atomic_writer(path) as f:
+        f.write(data.encode() if isinstance(data, str) else data)
+    return Path(path)
 
 
 def write_bytes(uri: str | Path, data: bytes) -> str:
@@ -140,7 +158,7 @@ def write_bytes(uri: str | Path, data: bytes) -> str:
         s3_client().put_object(Bucket=bucket, Key=key, Body=data,
                                Metadata={SHA256_META: hashlib.sha256(data).hexdigest()})
         return uri
-    with _local_replace(Path(uri)) as f:
+    with atomic_writer(Path(uri)) as f:
         f.write(data)
     return uri
 
@@ -152,7 +170,7 @@ def upload_file(local: str | Path, uri: str) -> str:
     if not is_s3(uri):
         import shutil
 
-        with _local_replace(Path(uri)) as f, open(local, "rb") as src:
+        with atomic_writer(Path(uri)) as f, open(local, "rb") as src:
             shutil.copyfileobj(src, f, 1 << 20)
         return uri
     from boto3.s3.transfer import TransferConfig

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from pathlib import Path
+
+from tasks.storage import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -21,9 +22,7 @@ def keep_metrics(path: Path, last_step: int) -> int:
     lines = path.read_text().splitlines()
     kept = [line for line in lines if line.strip() and json.loads(line)["step"] <= last_step]
     if len(kept) != len(lines):
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text("".join(line + "\n" for line in kept))
-        os.replace(tmp, path)
+        write_atomic(path, "".join(line + "\n" for line in kept))
         log.info("resume at step %d: dropped %d metric lines of steps trained again", last_step, len(lines) - len(kept))
     return len(lines) - len(kept)
 

@@ -13,10 +13,10 @@ expected keys exactly.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from tasks.envs.base import Episode
+from tasks.storage import atomic_writer
 
 
 def episode_record(ep: Episode, task_index: int, rollout_index: int, policy_version: int) -> dict:
@@ -40,18 +40,9 @@ def record_key(r: dict) -> tuple[int, int, int]:
 
 def write_shard(path: str | Path, records: list[dict]) -> Path:
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "w") as f:
-            for r in records:
-                f.write(json.dumps(r, separators=(",", ":")) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)  # atomic: readers see the old shard or the whole new one
-    except BaseException:
-        tmp.unlink(missing_ok=True)  # a failed write leaves neither a partial shard nor a temp file
-        raise
+    with atomic_writer(path) as f:  # readers see the old shard or the whole new one
+        for r in records:
+            f.write((json.dumps(r, separators=(",", ":")) + "\n").encode())
     return path
 
 
