@@ -38,7 +38,7 @@ test-unit: venv
 demo: venv
 	$(VENV)/bin/python scripts/demo.py
 
-# the same loop in one process, without Airflow (tasks/pipeline.py)
+# the same stage functions in one process, without Airflow (tasks/stages/demo.py)
 demo-cli: venv
 	$(VENV)/bin/python -m tasks demo
 

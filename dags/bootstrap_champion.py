@@ -10,34 +10,26 @@ it becomes `champion` when the registry has none. With a champion already there 
 """
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from airflow.sdk import Param, dag
 
-from airflow.sdk import Param, dag, task
-
-from operators.stages import run_stage
-
+from operators.defaults import DAG_DEFAULTS
+from operators.stages import StageOperator
+from tasks.stages import models
 
 @dag(
     dag_id="bootstrap_champion",
     schedule=None,
-    start_date=datetime(2026, 1, 1),
-    catchup=False,
-    max_active_runs=1,
     doc_md=__doc__,
     tags=["evergreen", "bootstrap", "mlflow"],
-    default_args={"owner": "evergreen", "retries": 1, "retry_delay": timedelta(seconds=30)},
     params={
         "force": Param(False, type="boolean", description="bootstrap even when a champion exists"),
         "sft_steps": Param(None, type=["null", "integer"], minimum=1, description="SFT steps (default bootstrap.steps)"),
         "overrides": Param({}, type="object", description='any setting, e.g. {"bootstrap.batch_size": 16}'),
     },
+    **DAG_DEFAULTS,
 )
 def bootstrap_champion():
-    @task
-    def bootstrap(params=None):
-        return run_stage("bootstrap", force=bool(params["force"]))
-
-    bootstrap()
+    StageOperator(python_callable=models.bootstrap)
 
 
 bootstrap_champion()

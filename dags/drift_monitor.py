@@ -13,39 +13,30 @@ An hourly monitor sees each finished day many times: a window is announced once 
 """
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 from airflow.sdk import Metadata, Param, dag, task
 
 from operators.assets import RETRAIN_REQUEST
-
+from operators.defaults import DAG_DEFAULTS
+from operators.stages import StageOperator
+from tasks.stages import signals
 
 @dag(
     dag_id="drift_monitor",
     schedule="@hourly",
-    start_date=datetime(2026, 1, 1),
-    catchup=False,
-    max_active_runs=1,
     doc_md=__doc__,
     tags=["evergreen", "signals", "drift"],
-    default_args={"owner": "evergreen", "retries": 2, "retry_delay": timedelta(minutes=1)},
     params={
         "window": Param(None, type=["null", "string"], description="START/END of the current window (default: last whole days)"),
         "reference_days": Param(None, type=["null", "integer"], minimum=1, description="days before the window to compare with"),
     },
+    **DAG_DEFAULTS,
 )
 def drift_monitor():
-    @task
-    def check(params=None):
-        from pathlib import Path
+    verdict = StageOperator(python_callable=signals.monitor, retries=2, retry_delay=timedelta(minutes=1)).output
 
-        from operators.stages import settings_for
-        from tasks.loop import monitor
-
-        settings = settings_for(params)
-        return monitor(settings, Path(settings.run_dir) / "drift_monitor", window=params.get("window"),
-                       reference_days=params.get("reference_days"))
-
+    # the two Airflow-only steps (a short circuit, an asset event with metadata) stay in the DAG
     @task.short_circuit
     def production_moved(verdict: dict):
         print(f"retrain={verdict['retrain']} new={verdict['new']}: {verdict['summary']}")
@@ -53,11 +44,10 @@ def drift_monitor():
 
     @task(outlets=[RETRAIN_REQUEST])
     def request_retrain(verdict: dict):
-        from tasks.loop import retrain_request_extra
+        from tasks.stages.signals import retrain_request_extra
 
         yield Metadata(RETRAIN_REQUEST, retrain_request_extra(verdict))
 
-    verdict = check()
     production_moved(verdict) >> request_retrain(verdict)
 
 

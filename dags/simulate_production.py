@@ -8,35 +8,26 @@ Manual only; `make demo` runs it. Not part of a production deployment.
 """
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from airflow.sdk import Param, dag
 
-from airflow.sdk import Param, dag, task
-
+from operators.defaults import DAG_DEFAULTS
+from operators.stages import StageOperator
+from tasks.stages import simulate
 
 @dag(
     dag_id="simulate_production",
     schedule=None,
-    start_date=datetime(2026, 1, 1),
-    catchup=False,
-    max_active_runs=1,
     doc_md=__doc__,
     tags=["evergreen", "demo"],
-    default_args={"owner": "evergreen", "retries": 1, "retry_delay": timedelta(seconds=10)},
     params={
         "days": Param(2, type="integer", minimum=1, maximum=14),
         "tool_change": Param(True, type="boolean"),
         "overrides": Param({}, type="object", description='any setting, e.g. {"simulate.traces": 600}'),
     },
+    **DAG_DEFAULTS,
 )
 def simulate_production():
-    @task
-    def simulate(params=None):
-        from operators.stages import settings_for
-        from tasks.loop import simulate_production as run
-
-        return run(settings_for(params), days=int(params["days"]), change=bool(params["tool_change"]))
-
-    simulate()
+    StageOperator(python_callable=simulate.simulate_production)
 
 
 simulate_production()

@@ -29,11 +29,6 @@ def _run_hash(run_key: str) -> str:
     return hashlib.sha1(run_key.encode()).hexdigest()[:8]
 
 
-def local_temp_dir(run_key: str) -> str:
-    # short: Ray's unix sockets live under it and must stay under 107 characters
-    return f"/tmp/eg-ray-{_run_hash(run_key)}"
-
-
 def kuberay_name(run_key: str) -> str:
     # KubeRay refuses RayCluster names over 53 characters (MaxRayClusterNameLength): 10 + 34 + 1 + 8
     slug = re.sub(r"[^a-z0-9-]+", "-", run_key.lower()).strip("-")[:34].strip("-")
@@ -54,48 +49,36 @@ class RayClusterOperator(BaseOperator):
         self.action, self.backend, self.run_key, self.num_cpus = action, backend, run_key, num_cpus
 
     def execute(self, context) -> dict | None:
-        from tasks.config import load_settings
+        from operators.stages import record_task_time, run_dir_of, settings_for
 
-        settings = load_settings()
+        settings = settings_for(context["params"])  # the run's params: `overrides` may name another backend
+        rd = run_dir_of(context, settings)
         backend = self.backend or settings.ray.backend
         self.log.info("Ray cluster %s (%s backend) for %s", self.action, backend, self.run_key)
         if backend not in ("local", "address", "kuberay"):
             raise ValueError(f"unknown Ray backend {backend!r}: use local, address or kuberay (ray.backend)")
         started = time.time()
         try:
-            return getattr(self, f"_{self.action}_{backend}")(settings)
-        finally:
-            from operators.stages import record_task_time
-            from tasks.loop import RunDir
+            out = getattr(self, f"_{self.action}_{backend}")(settings)
+            if self.action == "setup":
+                from tasks.stages.contracts import ClusterInfo
 
-            record_task_time(context, RunDir.for_run(settings, context["dag"].dag_id, context["run_id"]), started)
+                out = ClusterInfo.model_validate(out).model_dump()
+                rd.write(out, "cluster.json")  # the summary's links; stages get it as XCom
+            return out
+        finally:
+            record_task_time(context, rd, started)
 
     # local ---------------------------------------------------------------------------------------
     def _setup_local(self, settings) -> dict:
-        from tasks.rl.cluster import LocalHead, start_local_head
+        from tasks.rl.cluster import setup_local_cluster
 
-        temp_dir = local_temp_dir(self.run_key)
-        old = LocalHead("", temp_dir, None, {})
-        if old.pids():  # a retried setup: the first try's head may be half up; start clean
-            self.log.warning("a head of this run is already running (%d processes): stopping it first", len(old.pids()))
-            old.stop()
-        head = start_local_head(temp_dir, port=settings.ray.head_port, num_cpus=self.num_cpus or settings.ray.num_cpus,
-                                dashboard_port=settings.ray.dashboard_port)
-        self.log.info("Ray head %s up; dashboard %s; temp dir %s", head.address, head.dashboard_url, temp_dir)
-        return {"backend": "local", "address": head.address, "dashboard_url": head.dashboard_url,
-                "env": head.env, "temp_dir": temp_dir}
+        return setup_local_cluster(settings, self.run_key, num_cpus=self.num_cpus)
 
     def _teardown_local(self, settings) -> dict:
-        from tasks.rl.cluster import LocalHead
+        from tasks.rl.cluster import teardown_local_cluster
 
-        head = LocalHead("", local_temp_dir(self.run_key), None, {})
-        stopped = head.stop()
-        left = head.pids()
-        if left:
-            raise RuntimeError(f"Ray processes still alive after teardown: {left}; stop them by hand "
-                               f"(kill {' '.join(map(str, left))}) — never `ray stop`, it ends other runs' clusters")
-        self.log.info("Ray head of %s stopped: %d processes, none left", self.run_key, stopped)
-        return {"stopped": stopped}
+        return {"stopped": teardown_local_cluster(self.run_key)}
 
     # address -------------------------------------------------------------------------------------
     def _setup_address(self, settings) -> dict:

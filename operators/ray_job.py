@@ -4,7 +4,7 @@
 
     train = RayJobOperator(
         task_id="grpo_update",
-        entrypoint="python -m tasks grpo --run {{ run_id }}",
+        entrypoint="python -m tasks --settings /data/runs/{{ run_id }}/settings.json train ...",
         cluster=setup_cluster.output,        # {"address", "dashboard_url", "env"} from the cluster-setup task
         env_vars={"EVERGREEN_RUN_DIR": "/data/runs/{{ run_id }}"},
     )

@@ -1,55 +1,54 @@
-"""The one bridge from an Airflow task to tasks.loop: settings from the DAG's params, the run's directory
-from its run id, then one call.
+"""StageOperator: one DAG task = one stage function of tasks/stages/, called with the run's settings and
+run directory. The task id is the function's name, so the Airflow UI names the code it runs.
 
-    @task
-    def validate_data():
-        return run_stage("validate_data")
+    from operators.stages import StageOperator, StageBranchOperator
+    from tasks.stages import signals
+    StageOperator(python_callable=signals.validate_data)                     # task id validate_data
+    StageBranchOperator(python_callable=signals.should_train, follow={True: "toolsets", False: "signals.skip"})
+    StageOperator.partial(task_id="build_tasks", python_callable=rollouts.build_tasks).expand(
+        op_kwargs=toolsets.output.map(lambda t: {"toolset": t}))
 
-Params map onto settings (the same fields as include/config/pipeline.yaml and EVERGREEN_* variables):
-  target_registry -> env.target_registry   grpo_steps -> grpo.steps   eval_tasks -> eval.num_tasks
-  sft_steps -> bootstrap.steps
-  overrides       -> any field, as {"section.field": value}
-Everything heavy is imported inside the functions: DAG files import this module at parse time.
+A stage function takes `(settings, rd, ...)`; the operator fills, by name, whichever of these the
+function asks for:
+  settings  the run's settings: pipeline.yaml, EVERGREEN_* variables, then the run's params
+            (PARAM_FIELDS below, and `overrides` {"section.field": value} for any field)
+  rd        the run's directory (tasks.rundir.RunDir, from the DAG id and run id)
+  trigger   why the run exists (trigger_of: schedule, asset events with their extra, a person; its params)
+then `op_kwargs` (XComArgs resolved), then, for a parameter named like one of the DAG's params (`force`,
+`days`, `fail_training_at_step`), the run's value of that param. Module import is light: DAG files import it at
+parse time.
 """
 from __future__ import annotations
 
+import inspect
 import logging
 import time
+from typing import Any
+
+from airflow.providers.standard.operators.python import BranchPythonOperator, PythonOperator
 
 log = logging.getLogger(__name__)
 
+# DAG param -> setting; every other setting through the `overrides` param
 PARAM_FIELDS = {"target_registry": "env.target_registry", "grpo_steps": "grpo.steps", "eval_tasks": "eval.num_tasks",
-                "sft_steps": "bootstrap.steps"}
+                "sft_steps": "bootstrap.steps", "max_cost_usd": "promotion.max_cost_usd"}
 
 
 def overrides_from_params(params: dict) -> dict[str, object]:
-    """{"section.field": value} from the run's params (unset params change nothing)."""
+    """{"section.field": value} from the run's params (unset params change nothing), typed as given."""
     out: dict[str, object] = {}
     for param, field in PARAM_FIELDS.items():
         if params.get(param) not in (None, ""):
             out[field] = params[param]
-    for key, value in (params.get("overrides") or {}).items():
-        if "." not in key:
-            raise ValueError(f"overrides key {key!r}: expected SECTION.FIELD, e.g. grpo.tasks_per_step")
-        out[key] = value
+    out.update(params.get("overrides") or {})
     return out
 
 
-def _nest(flat: dict[str, object]) -> dict:
-    nested: dict = {}
-    for key, value in flat.items():
-        node = nested
-        *parents, leaf = key.split(".")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = value
-    return nested
-
-
 def settings_for(params: dict | None):
-    from tasks.config import load_settings
+    """The run's settings: the file, EVERGREEN_* variables, then the run's params."""
+    from tasks.config import load_settings, nest
 
-    return load_settings(overrides=_nest(overrides_from_params(params or {})))
+    return load_settings(overrides=nest(overrides_from_params(dict(params or {}))))
 
 
 def trigger_of(context) -> dict:
@@ -69,24 +68,10 @@ def trigger_of(context) -> dict:
             "asset_events": events, "params": dict(context["params"] or {}), "conf": dict(dag_run.conf or {})}
 
 
-def run_stage(stage: str, **kwargs):
-    """Call tasks.loop.<stage>(settings, run_dir, **kwargs) for the current task's DAG run."""
-    from airflow.sdk import get_current_context
+def run_dir_of(context, settings):
+    from tasks.rundir import RunDir
 
-    from tasks import loop
-
-    context = get_current_context()
-    params = dict(context["params"] or {})
-    settings = settings_for(params)
-    rd = loop.RunDir.for_run(settings, context["dag"].dag_id, context["run_id"])
-    if stage == "open_run":
-        kwargs.setdefault("trigger", trigger_of(context))
-    log.info("stage %s of %s (run dir %s)", stage, context["run_id"], rd.path)
-    started = time.time()
-    try:
-        return getattr(loop, stage)(settings, rd, **kwargs)
-    finally:
-        record_task_time(context, rd, started)
+    return RunDir.for_run(settings, context["dag"].dag_id, context["run_id"])
 
 
 def record_task_time(context, rd, started: float) -> None:
@@ -95,3 +80,49 @@ def record_task_time(context, rd, started: float) -> None:
     ti = context["ti"]
     name = ti.task_id + (f"-{ti.map_index}" if getattr(ti, "map_index", -1) >= 0 else "")
     rd.write({"task_id": ti.task_id, "start": started, "end": time.time()}, "task_times", f"{name}.json")
+
+
+class StageOperator(PythonOperator):
+    """Run one stage function of tasks/stages/ for the current DAG run (see the module docstring)."""
+
+    ui_color = "#e3f4e1"
+
+    def __init__(self, *, python_callable, task_id: str | None = None, **kwargs: Any) -> None:
+        super().__init__(python_callable=python_callable, task_id=task_id or python_callable.__name__, **kwargs)
+
+    def execute(self, context) -> Any:
+        self._settings = settings_for(context["params"])
+        self._rd = run_dir_of(context, self._settings)
+        self._trigger = trigger_of(context)
+        log.info("stage %s.%s of %s (run dir %s)", self.python_callable.__module__, self.python_callable.__name__,
+                 context["run_id"], self._rd.path)
+        started = time.time()
+        try:
+            return PythonOperator.execute(self, context)  # not super(): the branch subclass's MRO
+        finally:
+            record_task_time(context, self._rd, started)
+
+    def determine_kwargs(self, context) -> dict:
+        wanted = inspect.signature(self.python_callable).parameters
+        given = {"settings": self._settings, "rd": self._rd, "trigger": self._trigger}
+        kwargs = {k: v for k, v in given.items() if k in wanted}
+        kwargs.update({k: v for k, v in self.op_kwargs.items() if k in wanted})
+        params = context["params"] or {}
+        kwargs.update({k: params[k] for k in wanted if k not in kwargs and k in params})
+        return kwargs
+
+
+class StageBranchOperator(StageOperator, BranchPythonOperator):
+    """A stage whose answer picks the path: `follow` maps its returned `train` (or the value of `key`) to
+    the task ids to run; the others are skipped."""
+
+    def __init__(self, *, follow: dict, key: str = "train", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.follow, self.key = follow, key
+
+    def choose_branch(self, context):
+        answer = StageOperator.execute(self, context)
+        return self.follow[bool(answer[self.key])]
+
+    def execute(self, context):
+        return BranchPythonOperator.execute(self, context)

@@ -8,7 +8,7 @@ iframe at /plugin/evergreen. To look at it without Airflow:
     # then open http://127.0.0.1:8090/  (routes: /, /api/runs, /health)
 
 Data: one `summary.json` per DAG run, `<runs_root>/continuous_post_training/<run_dir>/summary.json`
-(written by tasks.loop.summarize), read on every request so that a new run shows up without a restart.
+(written by tasks.stages.report.summarize, tasks.stages.contracts.RunSummary), read on every request so that a new run shows up without a restart.
 runs_root is $EVERGREEN_RUN_DIR when set (relative to the project), else `run_dir` of tasks.config.
 Only dag_id, run_id and status are required; every other key may be missing ("—") or malformed (listed
 as an error, never a crashed page). Every string from a summary is user-controlled (reasons, asset event
@@ -82,7 +82,7 @@ class Runs:
 
 
 def runs_root() -> Path:
-    """$EVERGREEN_RUN_DIR, else tasks.config's run_dir; resolved the way tasks.loop.RunDir resolves it."""
+    """$EVERGREEN_RUN_DIR, else tasks.config's run_dir; resolved the way tasks.rundir.RunDir resolves it."""
     env = os.environ.get("EVERGREEN_RUN_DIR")
     if env:
         p = Path(env)

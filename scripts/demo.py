@@ -8,7 +8,7 @@
 3. triggers `simulate_production`: two days of champion traffic, the tool registry switching to v2 between;
 4. unpauses `drift_monitor`, whose run detects the change and emits a `retrain_request` asset event;
 5. waits for the `continuous_post_training` run that event starts (Ray head, rollouts, GRPO as a Ray job,
-   evals, cost, gate, registry) and prints its summary, the orchestration overhead and the URLs.
+   evals, cost, gate, move_aliases) and prints its summary, the orchestration overhead and the URLs.
 Everything stays under .stack/ afterwards: `make up` serves it (Airflow UI, Evergreen page, MLflow UI).
 """
 from __future__ import annotations
@@ -24,10 +24,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from scripts.stack import PROJECT, USER, Stack  # noqa: E402
 
-DEMO_ENV = {
-    # the simulation writes two days: compare the day after the change with the one day before it
-    "EVERGREEN_DRIFT__REFERENCE_DAYS": "1",
-}
+from tasks.stages.demo import DEMO_REFERENCE_DAYS  # noqa: E402
+
+# the same demo settings as `python -m tasks demo` (tasks.stages.demo.demo_settings)
+DEMO_ENV = {"EVERGREEN_DRIFT__REFERENCE_DAYS": str(DEMO_REFERENCE_DAYS)}
 
 
 def _iso(ts: str | None) -> datetime | None:
@@ -98,18 +98,19 @@ def main() -> int:
         t0 = time.time()
         run = client.wait_for_run("continuous_post_training", after=since, timeout=2400)
         phases["continuous_post_training"] = time.time() - t0
-        from tasks.loop import format_summary
+        from tasks.stages.contracts import RunSummary
+        from tasks.stages.report import format_summary
 
         run_dir = stack.runs_root / "continuous_post_training"
         summaries = sorted(run_dir.glob("*/summary.json"), key=lambda p: p.stat().st_mtime)
         if not summaries:
             print(f"no summary under {run_dir}", file=sys.stderr)
             return 1
-        summary = json.loads(summaries[-1].read_text())
+        summary = RunSummary.model_validate_json(summaries[-1].read_text())
         cost = overhead(client, "continuous_post_training", run, summaries[-1].parent)
         print("\n" + format_summary(summary))
-        print(f"  why: trigger={summary['trigger'].get('kind')}; asset event extra: "
-              f"{json.dumps([e.get('extra', {}).get('summary') for e in summary['trigger'].get('asset_events', [])])[:300]}")
+        print(f"  why: trigger={summary.trigger.get('kind')}; asset event extra: "
+              f"{json.dumps([e.get('extra', {}).get('summary') for e in summary.trigger.get('asset_events', [])])[:300]}")
         print(f"  orchestration: DAG run {cost['run_wall_s']:.0f}s wall, {cost['task_instances']} task instances; "
               f"some task body computing {cost['compute_s']:.0f}s; overhead {cost['overhead_s']:.0f}s "
               f"({100 * (cost['overhead_share'] or 0):.0f}% of the run)")
@@ -119,7 +120,7 @@ def main() -> int:
         print(f"  state kept in {home}: `make up` serves it again")
         (home / "demo_result.json").write_text(json.dumps({"phases": phases, "orchestration": cost,
                                                            "wall_s": time.time() - t_start, "state": run["state"],
-                                                           "status": summary["status"]}, indent=1))
+                                                           "status": summary.status}, indent=1))
         print(f"\ndemo wall time {time.time() - t_start:.0f}s; continuous_post_training {run['state']}", flush=True)
         return 0 if run["state"] == "success" else 1
 

@@ -5,14 +5,16 @@
     python -m tasks --set eval.split=dev eval --model M             # the dev split (tuning), not the gate's
     python -m tasks rollout --model runs/local/champion --registry 2 --tasks 8 --out runs/local/rollouts
     python -m tasks train --init runs/local/champion --run-dir runs/local/grpo
-    python -m tasks demo                                           # the whole loop, with a summary
+    python -m tasks demo                                           # the DAGs' stages in one process
+    python -m tasks --set grpo.steps=5 settings                    # the effective settings, as JSON
     python -m tasks ingest --input PATH --output DIR               # traces -> accepted + quarantine + GX docs
     python -m tasks drift --reference REF --current CUR            # drift report (JSON)
     python -m tasks tooldiff OLD NEW                               # tool-registry diff (JSON)
     python -m tasks simulate --out DIR --start D --end D --change-at D   # simulated production traces
 
 Settings come from include/config/pipeline.yaml and EVERGREEN_<SECTION>__<FIELD> variables; `--set
-grpo.steps=5` overrides one field for this command. Progress goes to stderr as log lines; results
+grpo.steps=5` overrides one field for this command (JSON for lists and null: `--set grpo.guard_kl_coef=null`);
+`--settings FILE` takes a run's resolved settings as they are (the Ray job of a DAG run). Progress goes to stderr as log lines; results
 are printed as JSON on stdout.
 """
 from __future__ import annotations
@@ -26,23 +28,25 @@ from pathlib import Path
 
 
 def _overrides(pairs: list[str]) -> dict:
-    out: dict = {}
+    """--set SECTION.FIELD=VALUE pairs as nested overrides (JSON for lists, objects and null)."""
+    from tasks.config import nest, parse_value
+
+    flat = {}
     for pair in pairs or []:
         key, sep, value = pair.partition("=")
         if not sep:
             raise SystemExit(f"--set {pair!r}: expected SECTION.FIELD=VALUE, e.g. grpo.steps=5")
-        node = out
-        *parents, leaf = key.split(".")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = value
-    return out
+        flat[key] = parse_value(value)
+    return nest(flat)
 
 
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
     parser = argparse.ArgumentParser(prog="python -m tasks", description=__doc__.split("\n")[0])
-    parser.add_argument("--config", help="pipeline YAML (default include/config/pipeline.yaml)")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--config", help="pipeline YAML (default include/config/pipeline.yaml), EVERGREEN_* applied")
+    where.add_argument("--settings", help="a run's resolved settings (JSON or YAML), taken as they are: no "
+                                          "EVERGREEN_* variable changes them (the Ray job's, tasks.stages.training)")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE")
     parser.add_argument("-v", "--verbose", action="store_true")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -64,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--engines", metavar="NAMESPACE",
                    help="use the running rollout engines named rollout-<i> in this Ray namespace (started if "
                         "missing) and leave them running; by default the job starts its own and stops them")
-    sub.add_parser("demo", help="bootstrap, eval, GRPO against the target registry, eval, summary")
+    sub.add_parser("settings", help="print the effective settings (file, EVERGREEN_* variables, --set) as JSON")
+    sub.add_parser("demo", help="the DAGs' stages in one process: bootstrap, simulate, signals, GRPO, evals, gate")
     from tasks.signals import cli as signals_cli
 
     signals_cli.add_parsers(sub)
@@ -75,21 +80,25 @@ def main(argv: list[str] | None = None) -> int:
     from tasks.config import SettingsError, load_settings
 
     try:
-        settings = load_settings(args.config, overrides=_overrides(args.set))
+        settings = load_settings(args.settings or args.config, overrides=_overrides(args.set),
+                                 environ={} if args.settings else None)
     except SettingsError as e:
         print(e, file=sys.stderr)
         return 2
 
+    if args.command == "settings":
+        print(settings.model_dump_json(indent=1))
+        return 0
     if args.command in signals_cli.COMMANDS:
         return signals_cli.run(args, settings)
     if args.command == "bootstrap":
-        from tasks.pipeline import bootstrap_champion
+        from tasks.stages.models import sft_champion
 
-        print(json.dumps(bootstrap_champion(settings, args.out)))
+        print(json.dumps(sft_champion(settings, args.out)))
     elif args.command == "demo":
-        from tasks.pipeline import run_demo
+        from tasks.stages.demo import run_demo
 
-        run_demo(settings)
+        return 0 if run_demo(settings).status in ("promoted", "not_promoted", "skipped") else 1
     else:
         import ray
 
@@ -126,19 +135,36 @@ def _ray_command(args, settings) -> int:
         from safetensors.torch import load_file
 
         from tasks.evals.harness import compare
-        from tasks.pipeline import evaluate_pool
 
         pool = RolloutPool(args.model, settings)
-        first = evaluate_pool(pool, settings, args.registry)
+        first = _evaluate_pool(pool, settings, args.registry)
         out = {reg: first[reg].summary("sampled_success") | {"greedy": first[reg].summary("greedy_success")["mean"]}
                for reg in args.registry}
         if args.against:
             pool.load_weights(load_file(Path(args.against) / "model.safetensors"), version=-1)
-            second = evaluate_pool(pool, settings, args.registry)
+            second = _evaluate_pool(pool, settings, args.registry)
             out = {reg: {key: compare(first[reg], second[reg], key) for key in ("greedy_success", "sampled_success")}
                    for reg in args.registry}
         print(json.dumps(out))
     return 0
+
+
+def _evaluate_pool(pool, settings, toolsets: list[str]) -> dict:
+    """{toolset: EvalResult} for the weights currently in the pool, on the tasks build_tasks would build."""
+    import time
+
+    from tasks.stages.rollouts import eval_tasks
+
+    out = {}
+    for toolset in toolsets:
+        t0 = time.time()
+        out[toolset] = pool.evaluate(eval_tasks(settings, toolset), settings.eval.samples, settings.rollout.temperature,
+                                     settings.eval.seed)
+        s = out[toolset].summary("sampled_success", settings.eval.bootstrap_resamples, settings.eval.confidence)
+        logging.getLogger("tasks").info(
+            "eval v%s policy v%d: sampled success %.3f [%.3f, %.3f], greedy %.3f (%.1fs)", toolset, pool.policy_version,
+            s["mean"], s["low"], s["high"], out[toolset].summary("greedy_success")["mean"], time.time() - t0)
+    return out
 
 
 if __name__ == "__main__":

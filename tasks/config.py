@@ -9,6 +9,7 @@ names the field and what to change (never later, deep inside a Ray job).
 """
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Literal
@@ -204,6 +205,9 @@ class PromotionSettings(_Section):
     min_gain_per_dollar: float = Field(1.0, ge=0, description="success points gained on the target (point estimate, "
                                        "in percentage points) per dollar of total cost (run + projected serving change); "
                                        "0 disables the check")
+    max_cost_usd: float | None = Field(None, ge=0, description="budget of one run in USD (run + projected serving "
+                                       "change, as the cost stage prices it): a dearer run is not promoted however "
+                                       "good; null: no budget (the DAG param max_cost_usd sets it per run)")
 
 
 class CostSettings(_Section):
@@ -319,8 +323,35 @@ def _merge(base: dict, extra: dict) -> dict:
     return out
 
 
+def parse_value(text: str):
+    """A value given as text (an EVERGREEN_* variable, `--set`): JSON when it is a list, an object or null
+    (`[1, 2]`, `{"a": 1}`, `null`), else the text itself, which pydantic converts to the field's type."""
+    stripped = text.strip()
+    if stripped == "null" or stripped[:1] in ("[", "{"):
+        try:
+            return json.loads(stripped)
+        except json.JSONDecodeError as e:
+            raise SettingsError(f"{text!r} looks like JSON but is not ({e}); quote it as JSON, e.g. '[\"a\", \"b\"]'")
+    return text
+
+
+def nest(flat: dict[str, object]) -> dict:
+    """{"grpo.steps": 5} -> {"grpo": {"steps": 5}}: the one reader of dotted overrides (`--set`, DAG params)."""
+    nested: dict = {}
+    for key, value in flat.items():
+        *parents, leaf = key.split(".")
+        if not parents and key not in Settings.model_fields:
+            raise SettingsError(f"override {key!r}: expected SECTION.FIELD, e.g. grpo.steps")
+        node = nested
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return nested
+
+
 def _env_overrides(environ) -> dict:
-    """EVERGREEN_GRPO__STEPS=3 -> {"grpo": {"steps": "3"}} (pydantic converts the type)."""
+    """EVERGREEN_GRPO__STEPS=3 -> {"grpo": {"steps": "3"}} (pydantic converts the type; JSON for lists,
+    objects and null: EVERGREEN_INGEST__REQUIRED_WORKLOADS='["lookup"]')."""
     out: dict = {}
     # top-level scalars (EVERGREEN_RUN_DIR) too; other EVERGREEN_ variables (EVERGREEN_CONFIG,
     # EVERGREEN_S3_ENDPOINT_URL) are not settings fields and are left alone
@@ -332,11 +363,14 @@ def _env_overrides(environ) -> dict:
         node = out
         for part in path[:-1]:
             node = node.setdefault(part, {})
-        node[path[-1]] = value
+        node[path[-1]] = parse_value(value)
     return out
 
 
 def load_settings(path: str | Path | None = None, overrides: dict | None = None, environ=None) -> Settings:
+    """The settings file (default include/config/pipeline.yaml, or $EVERGREEN_CONFIG), then EVERGREEN_*
+    variables of `environ` (default os.environ; {} for none: a run's resolved settings file), then
+    `overrides` (nested, see `nest`). Raises SettingsError saying what to change."""
     path = Path(path or os.environ.get(ENV_PREFIX + "CONFIG", DEFAULT_CONFIG))
     if not path.exists():
         raise SettingsError(f"settings file {path} does not exist: fix the path (or {ENV_PREFIX}CONFIG)")

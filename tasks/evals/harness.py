@@ -63,3 +63,13 @@ def compare(challenger: EvalResult, champion: EvalResult, key: str = "sampled_su
     return {"metric": key, "challenger": challenger.summary(key, resamples, confidence),
             "champion": champion.summary(key, resamples, confidence),
             "difference": paired_bootstrap(challenger.column(key), champion.column(key), resamples, confidence, seed)}
+
+
+def format_interval(ci: dict | None, points: bool = False) -> str:
+    """`55.0% [45.0, 65.0]` for a success rate, `+10.0 pts [+2.0, +18.0]` for a difference (points=True);
+    the one rendering of an interval in logs and summaries."""
+    if not ci:
+        return "—"
+    if points:
+        return f"{100 * ci['mean']:+5.1f} pts [{100 * ci['low']:+5.1f}, {100 * ci['high']:+5.1f}]"
+    return f"{100 * ci['mean']:5.1f}% [{100 * ci['low']:5.1f}, {100 * ci['high']:5.1f}]"

@@ -21,6 +21,8 @@ Promote only if every check passes (all are listed in `checks`, passed or not, w
                     not the bound, because this prices the expected gain (the bound is already required to clear
                     min_gain). A mean <= 0 fails outright (nothing to pay for); a total of $0 with a positive
                     gain is treated as infinite and the reason says so (observed is None: JSON has no inf).
+  budget            cost["total_usd"] <= max_cost_usd, when the policy sets a budget (None: no budget, the
+                    check is not listed). A run dearer than its budget is not promoted however good.
   validation:<name> every recorded validation passed, and "data" and "evals" were recorded: a missing
                     validation blocks (the gate never assumes a check it did not see).
 
@@ -143,6 +145,12 @@ def decide(target: dict, guards: dict[str, dict], validations: dict[str, bool], 
                   + ("" if ok else "; the gain does not pay for its run and serving cost"))
     checks.append(_check("gain_per_dollar", ok, gpd, float(settings.min_gain_per_dollar), "points per USD", reason,
                          gain_points=gain_points, total_usd=total, infinite=bool(ok and gpd is None)))
+
+    if settings.max_cost_usd is not None:
+        budget = float(settings.max_cost_usd)
+        ok = total <= budget + _EPS
+        checks.append(_check("budget", ok, total, budget, "USD",
+                             f"cost ${total:.4f} {'within' if ok else 'over'} the budget max_cost_usd=${budget:.4f}"))
 
     names = list(REQUIRED_VALIDATIONS) + sorted(n for n in validations if n not in REQUIRED_VALIDATIONS)
     for name in names:

@@ -1,8 +1,8 @@
-"""The promotion step: cost ledger -> gate -> registry, all logged to the active MLflow run.
+"""The promotion step: cost ledger -> gate -> model registry (the stages cost, gate and move_aliases).
 
-    from tasks.promotion.step import promotion_step
-    result = promotion_step(settings, comparisons={"2": target_cmp, "1": guard_cmp}, validations={"data": True, "evals": True},
-                            stages=[StageUsage(...)], run_id=mlflow_run_id, run_key=airflow_run_id, tracker=tracker)
+    report = price_run(settings, comparisons, stages, serving)
+    decision = judge(settings, comparisons, validations={"data": True, "evals": True}, cost=report)
+    result = apply_decision(settings, decision, report, comparisons, run_id, run_key, tracker=tracker)
     result["decision"]["promote"], result["aliases"]
 
 `comparisons` are tasks.evals.harness.compare() results on `promotion.metric`, keyed by registry:
@@ -72,11 +72,3 @@ def apply_decision(settings, decision, cost: dict, comparisons: dict[str, dict],
              decision.summary)
     return result
 
-
-def promotion_step(settings, comparisons: dict[str, dict], validations: dict[str, bool], stages: list[StageUsage],
-                   run_id: str, run_key: str, tracker=None, serving: ServingProjection | None = None,
-                   version_tags: dict | None = None) -> dict:
-    """All three in one process (the command-line demo); the Airflow DAG runs them as separate tasks."""
-    cost = price_run(settings, comparisons, stages, serving)
-    decision = judge(settings, comparisons, validations, cost)
-    return apply_decision(settings, decision, cost, comparisons, run_id, run_key, tracker, version_tags)

@@ -144,3 +144,38 @@ def connect(settings, **init_kwargs):
     finally:
         root.setLevel(level)
         root.handlers[:] = handlers
+
+
+def local_temp_dir(run_key: str) -> str:
+    """The temp dir of a run's local head, derived from the run: a teardown finds the head even when the
+    setup's XCom never got written. Short: Ray's unix sockets live under it and must stay under 107 characters."""
+    import hashlib
+
+    return f"/tmp/eg-ray-{hashlib.sha1(run_key.encode()).hexdigest()[:8]}"
+
+
+def setup_local_cluster(settings, run_key: str, num_cpus: int | None = None) -> dict:
+    """A fresh local head for one run (a half-up head of an earlier try is stopped first); returns the
+    cluster description (tasks.stages.contracts.ClusterInfo) drivers and jobs connect with."""
+    temp_dir = local_temp_dir(run_key)
+    old = LocalHead("", temp_dir, None, {})
+    if old.pids():  # a retried setup: the first try's head may be half up; start clean
+        log.warning("a head of this run is already running (%d processes): stopping it first", len(old.pids()))
+        old.stop()
+    head = start_local_head(temp_dir, port=settings.ray.head_port, num_cpus=num_cpus or settings.ray.num_cpus,
+                            dashboard_port=settings.ray.dashboard_port)
+    log.info("Ray head %s up; dashboard %s; temp dir %s", head.address, head.dashboard_url, temp_dir)
+    return {"backend": "local", "address": head.address, "dashboard_url": head.dashboard_url, "env": head.env,
+            "temp_dir": temp_dir}
+
+
+def teardown_local_cluster(run_key: str) -> int:
+    """Stop exactly the processes of the run's local head (never `ray stop`); returns how many."""
+    head = LocalHead("", local_temp_dir(run_key), None, {})
+    stopped = head.stop()
+    left = head.pids()
+    if left:
+        raise RuntimeError(f"Ray processes still alive after teardown: {left}; stop them by hand "
+                           f"(kill {' '.join(map(str, left))}) — never `ray stop`, it ends other runs' clusters")
+    log.info("Ray head of %s stopped: %d processes, none left", run_key, stopped)
+    return stopped

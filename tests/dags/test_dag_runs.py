@@ -98,7 +98,7 @@ def test_the_loop_through_dag_test(dags):
     assert summary["status"] == "promoted", summary
     assert summary["signals"]["retrain"] is True and summary["promotion"]["aliases"]["champion"] == "2"
     assert set(summary["greedy"]) == {"1", "2"} and summary["links"]["mlflow_run"]
-    from operators.ray_cluster import local_temp_dir
+    from tasks.rl.cluster import local_temp_dir
     from tasks.rl.cluster import LocalHead
 
     assert LocalHead("", local_temp_dir(f"continuous_post_training/{cpt.run_id}"), None, {}).pids() == []
@@ -120,7 +120,7 @@ def test_the_loop_through_dag_test(dags):
     quiet = _run(bag, "continuous_post_training", {"overrides": {"monitor.traces": str(empty)}})
     states = _states(quiet)
     assert str(quiet.state) == "success", states
-    assert states["signals.skip"] == "success" and states["registries"] == "skipped", states
+    assert states["signals.skip"] == "success" and states["toolsets"] == "skipped", states
     assert states["ray_cluster_setup"] == "skipped" and states["summarize"] == "success", states
     skipped = [json.loads(p.read_text()) for p in (run_dir / "continuous_post_training").glob("*/summary.json")]
     assert [s["status"] for s in skipped if s["run_id"] == quiet.run_id] == ["skipped"]

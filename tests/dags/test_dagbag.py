@@ -89,3 +89,29 @@ def test_continuous_post_training_listens_to_the_retrain_events(dagbag):
     assert type(watcher.trigger).__name__ == "FileDeleteTrigger" and watcher.trigger.filepath == str(retrain_file())
     producer = dagbag.dags["drift_monitor"].get_task("request_retrain")
     assert [o.name for o in producer.outlets] == ["retrain_request"]
+
+
+# tasks that are not stages, and why: Airflow-only steps (an operator of the Ray provider layer, a short
+# circuit, an asset event with metadata) that orchestrate but compute nothing of the loop
+NOT_STAGES = {"ray_cluster_setup", "ray_cluster_teardown", "grpo_update", "production_moved", "request_retrain"}
+
+
+def test_each_python_task_runs_the_stage_function_it_is_named_after(dagbag):
+    """One hop from a task to its code: the task's callable is a function of tasks/stages/ named like the
+    task (the task group prefix aside); no string dispatch."""
+    from operators.stages import StageOperator
+
+    seen = set()
+    for dag_id in EXPECTED:
+        for t in dagbag.dags[dag_id].tasks:
+            name = t.task_id.split(".")[-1]
+            if name in NOT_STAGES:
+                continue
+            assert t.operator_class is StageOperator or issubclass(t.operator_class, StageOperator) or \
+                isinstance(t, StageOperator), f"{dag_id}.{t.task_id} is a {t.operator_class}, not a StageOperator"
+            fn = t.partial_kwargs["python_callable"] if hasattr(t, "partial_kwargs") else t.python_callable
+            assert fn.__module__.startswith("tasks.stages."), f"{dag_id}.{t.task_id} runs {fn.__module__}.{fn.__name__}"
+            assert fn.__name__ == name, f"{dag_id}.{t.task_id} runs {fn.__name__}"
+            seen.add(name)
+    assert {"validate_data", "should_train", "build_tasks", "probe_rollouts", "gate", "move_aliases", "summarize",
+            "bootstrap", "monitor", "rollback", "simulate_production"} <= seen, seen

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from operators.ray_cluster import local_temp_dir
+from tasks.rl.cluster import local_temp_dir
 from tasks.rl.cluster import LocalHead
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]

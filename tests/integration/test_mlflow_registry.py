@@ -220,8 +220,13 @@ def test_promotion_step_decides_logs_and_moves(mlflow_server, model_dirs, gain, 
     from tasks.config import load_settings
     from tasks.promotion.cost import StageUsage
     from tasks.promotion.registry import ModelRegistry
-    from tasks.promotion.step import promotion_step
+    from tasks.promotion.step import apply_decision, judge, price_run
     from tasks.tracking import Tracker
+
+    def promotion_step(settings, comparisons, validations, stages, run_id, run_key, tracker):
+        report = price_run(settings, comparisons, stages)
+        decision = judge(settings, comparisons, validations, report)
+        return apply_decision(settings, decision, report, comparisons, run_id, run_key, tracker)
 
     name = f"{NAME}-step-{int(gain * 100)}"
     settings = load_settings(environ={}, overrides={"promotion": {"model_name": name}})

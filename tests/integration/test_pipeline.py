@@ -1,15 +1,21 @@
-"""The command-line loop end to end with tiny budgets: bootstrap, eval, GRPO on Ray Train, eval, summary."""
+"""`python -m tasks demo` end to end with tiny budgets: the DAGs' stage functions in one process (bootstrap,
+simulated production, the monitor's check, signals, a local Ray head, probes, the GRPO job, evals, cost,
+gate, model registry, summary), run as a user runs it."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
 pytestmark = pytest.mark.integration
 
 
-def test_demo_loop_runs_end_to_end_and_writes_its_artifacts(ray_head, settings, tmp_path, capsys):
-    from tasks.pipeline import run_demo
+def test_the_command_line_demo_runs_the_stages_and_writes_their_artifacts(settings, tmp_path):
+    from tasks.config import PROJECT_ROOT
+    from tasks.stages.contracts import RunSummary
 
     s = settings.model_copy(update={
         "run_dir": tmp_path / "demo",
@@ -18,18 +24,26 @@ def test_demo_loop_runs_end_to_end_and_writes_its_artifacts(ray_head, settings, 
         "rollout": settings.rollout.model_copy(update={"group_size": 2}),
         "simulate": settings.simulate.model_copy(update={"traces": 240}),
     })
-    summary = run_demo(s)
-    out = capsys.readouterr().out
-    assert "Evergreen demo" in out and "registry v2" in out and "registry v1" in out
-    for reg in ("1", "2"):
-        d = summary["sampled"][reg]["difference"]
-        assert d["low"] <= d["mean"] <= d["high"] and d["n"] == s.eval.num_tasks
-    assert [m["step"] for m in summary["grpo_metrics"]] == [1, 2]
-    # production signals: the registry switched to v2 between the two simulated days
-    assert summary["signals"]["retrain"] and summary["signals"]["tool_change_breaking"]
-    assert "production signals" in out and "tool change" in out
-    # one MLflow run (SQLite store under run_dir) with nested stages; the gate decided and the registry shows it
-    promo = summary["promotion"]
+    (tmp_path / "settings.json").write_text(s.model_dump_json())
+    # a user's shell: not the test session's Ray cluster
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_") or k == "RAY_TRAIN_V2_ENABLED"}
+    proc = subprocess.run([sys.executable, "-m", "tasks", "--settings", str(tmp_path / "settings.json"), "demo"],
+                          capture_output=True, text=True, timeout=1500, cwd=PROJECT_ROOT,
+                          env={**env, "PYTHONPATH": str(PROJECT_ROOT)})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = proc.stdout
+    runs = list((tmp_path / "demo" / "continuous_post_training").glob("*/summary.json"))
+    assert len(runs) == 1
+    summary = RunSummary.model_validate_json(runs[0].read_text())
+    assert summary.status in ("promoted", "not_promoted") and summary.trigger["kind"] == "cli"
+    assert summary.trigger["asset_events"][0]["extra"]["retrain"], "the monitor's check asked for retraining"
+    assert "registry v2" in out and "registry v1" in out and "decision:" in out
+    for kind in ("greedy", "sampled"):
+        for toolset in ("1", "2"):
+            d = getattr(summary, kind)[toolset].difference
+            assert d.low <= d.mean <= d.high
+    assert summary.signals.retrain and summary.training["steps"] == 2
+    promo = summary.promotion
     assert {c["name"] for c in promo["decision"]["checks"]} >= {"target_gain", "gain_per_dollar", "validation:data",
                                                                 "validation:evals", "guard:registry_v1"}
     assert promo["cost"]["run_usd"] > 0 and promo["aliases"]["champion"]
@@ -37,17 +51,18 @@ def test_demo_loop_runs_end_to_end_and_writes_its_artifacts(ray_head, settings, 
         assert promo["aliases"]["champion"] == promo["version"] and "challenger" not in promo["aliases"]
     else:
         assert promo["aliases"]["challenger"] == promo["version"] != promo["aliases"]["champion"]
-    assert "promotion" in out and "MLflow:" in out
+    # the same stage records as a DAG run: timings priced, the run's cluster gone
+    assert {"validate_data", "probe_rollouts_0", "probe_rollouts_1", "grpo", "evaluate"} <= set(summary.timings)
+    rd = runs[0].parent
+    assert json.loads((rd / "should_train.json").read_text())["train"] is True
+    assert (rd / "grpo" / "model" / "model.safetensors").exists()
+    assert len((rd / "eval_challenger_v2.jsonl").read_text().splitlines()) == s.eval.num_tasks
+    from tasks.rl.cluster import LocalHead, local_temp_dir
+
+    assert LocalHead("", local_temp_dir(f"continuous_post_training/{summary.run_id}"), None, {}).pids() == []
     import mlflow
 
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'demo' / 'mlflow.db'}")
     runs = client.search_runs([client.get_experiment_by_name(s.tracking.experiment).experiment_id])
     stages = sorted(r.data.tags.get("evergreen.stage", "") for r in runs)
-    assert stages == ["", "bootstrap", "evals", "signals", "training"]
-    training = next(r for r in runs if r.data.tags.get("evergreen.stage") == "training")
-    assert {"trained_tokens", "generated_tokens", "loss"} <= set(training.data.metrics)
-    run = tmp_path / "demo"
-    assert json.loads((run / "summary.json").read_text())["timings"]["grpo_s"] > 0
-    assert (run / "signals" / "monitor" / "signals.json").exists() and (run / "signals" / "traces" / "manifest.json").exists()
-    assert (run / "champion" / "model.safetensors").exists() and (run / "grpo" / "model" / "model.safetensors").exists()
-    assert len((run / "eval_challenger_v2.jsonl").read_text().splitlines()) == s.eval.num_tasks
+    assert stages == ["", "", "bootstrap", "evals", "promotion", "signals", "training"], stages

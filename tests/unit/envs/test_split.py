@@ -23,8 +23,8 @@ def contents(tasks) -> set:
 
 def eval_contents(settings, tmp_path) -> set:
     """What the DAG's build_tasks writes and the CLI's eval_tasks draws, for the shipped registries."""
-    from tasks.loop import RunDir, build_tasks
-    from tasks.pipeline import eval_tasks
+    from tasks.rundir import RunDir
+    from tasks.stages.rollouts import build_tasks, eval_tasks
 
     rd, out = RunDir(tmp_path, "dag", "run"), set()
     for reg in REGISTRIES:

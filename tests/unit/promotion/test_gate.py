@@ -225,3 +225,15 @@ def test_non_inferiority_policy_ships_an_equal_challenger_only_when_configured()
     assert "not required" in check["reason"]
     worse = comparison(solved(100, 30), solved(100, 60))  # -30 pts: beyond a 20-pt margin
     assert not decide(**{**inputs, "target": worse, "settings": settings(min_gain=-0.2, min_gain_per_dollar=0.0)}).promote
+
+
+def test_a_run_over_its_budget_is_not_promoted_however_good():
+    total = cheap_cost()["total_usd"]
+    over = decide(**{**passing_inputs(), "settings": settings(max_cost_usd=total / 2)})
+    assert not over.promote and failed(over) == ["budget"]
+    budget = next(c for c in over.checks if c["name"] == "budget")
+    assert budget["observed"] == pytest.approx(total) and budget["threshold"] == pytest.approx(total / 2)
+    assert "over the budget" in over.reasons[0] and "failed: budget" in over.summary
+    within = decide(**{**passing_inputs(), "settings": settings(max_cost_usd=total)})  # inclusive
+    assert within.promote and "budget" in [c["name"] for c in within.checks]
+    assert "budget" not in [c["name"] for c in decide(**passing_inputs()).checks]  # no budget, no check

@@ -1,6 +1,9 @@
-"""The pure parts of tasks/loop.py: when to train, the asset event's extra, run directories."""
-from tasks.loop import RunDir, retrain_request_extra, should_train
+"""tasks/stages/signals.py and the run directory: when to train (pure, and as the stage the branch and
+the skip read), the asset event's extra, run directories."""
 from tasks.config import load_settings
+from tasks.rundir import RunDir
+from tasks.stages.signals import decide_training as should_train
+from tasks.stages.signals import retrain_request_extra
 
 
 def test_should_train_on_drift_force_or_event_with_data_only():
@@ -30,4 +33,29 @@ def test_run_dir_is_safe_and_writes_atomically(tmp_path):
     assert rd.path.parent == tmp_path / "continuous_post_training" and ".." not in rd.path.name
     rd.write({"a": 1}, "sub", "f.json")
     assert rd.read("sub", "f.json") == {"a": 1} and rd.read("missing.json", default=7) == 7
-    assert not list(rd.path.rglob("*.tmp"))
+    assert sorted(p.name for p in (rd.path / "sub").iterdir()) == ["f.json"]  # no temporary file left
+
+
+def test_should_train_is_decided_once_and_the_skip_records_it(tmp_path):
+    from tasks.stages.signals import should_train as stage, skip
+
+    settings = load_settings(environ={}, overrides={"run_dir": str(tmp_path)})
+    rd = RunDir.for_run(settings, "continuous_post_training", "r1")
+    rd.write({"retrain": False, "summary": "no drift", "rows": {"current": 5}}, "signals.json")
+    assert stage(settings, rd, trigger={}) == {"schema_version": 1, "train": False,
+                                               "reason": "no drift and no breaking tool change: no drift"}
+    assert stage(settings, rd, trigger={}, force=True)["train"] is True
+    rd.write({"train": False, "reason": "quiet"}, "should_train.json")
+    assert skip(settings, rd) == {"skipped": True, "reason": "quiet"} and rd.read("skip.json")["reason"] == "quiet"
+
+
+def test_atomic_write_leaves_no_temporary_file_when_it_fails(tmp_path):
+    import pytest
+
+    from tasks.storage import atomic_writer, write_atomic
+
+    target = write_atomic(tmp_path / "a" / "f.json", "old")
+    with pytest.raises(RuntimeError), atomic_writer(target) as f:
+        f.write(b"half")
+        raise RuntimeError("crash mid-write")
+    assert target.read_text() == "old" and sorted(p.name for p in target.parent.iterdir()) == ["f.json"]

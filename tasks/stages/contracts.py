@@ -1,0 +1,109 @@
+"""What the stages hand each other and what the page, the CLI and the tests read back: pydantic models,
+each with a schema version. A writer builds the model (a wrong field fails where it is written, not in
+the page a day later); a reader validates the file or XCom it gets.
+
+    verdict = DataVerdict.model_validate(rd.read("signals.json"))
+    summary = RunSummary.model_validate_json((rd.path / "summary.json").read_text())
+
+Models allow extra fields where a stage passes on a richer report (the monitor's verdict carries its
+drift tests), so that adding a field never breaks an old reader; `schema_version` changes when a field
+changes meaning or goes away.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SCHEMA_VERSION = 1
+
+
+class _Contract(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    schema_version: int = SCHEMA_VERSION
+
+
+class DataVerdict(_Contract):
+    """validate_data's verdict on the production window (signals.json)."""
+    retrain: bool
+    reasons: list[str] = []
+    summary: str
+    window: str
+    rows: dict = {}
+    data_validation: str = Field(description="passed | failed | no data")
+    no_champion: bool = False
+
+
+class TrainingChoice(_Contract):
+    """should_train's answer (should_train.json): the branch and the skip read it, nobody recomputes it."""
+    train: bool
+    reason: str
+
+
+class ClusterInfo(_Contract):
+    """The run's Ray cluster as its setup describes it; drivers and the Ray job connect with it."""
+    backend: Literal["local", "address", "kuberay"]
+    address: str
+    dashboard_url: str | None = None
+    env: dict[str, str] = Field({}, description="what a driver needs in its environment (the head's auth token)")
+    temp_dir: str | None = None
+    name: str | None = None
+
+
+class Interval(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    mean: float
+    low: float
+    high: float
+
+
+class Comparison(BaseModel):
+    """tasks.evals.harness.compare: challenger against champion on the same tasks, paired."""
+    model_config = ConfigDict(extra="allow")
+    metric: str
+    champion: Interval
+    challenger: Interval
+    difference: Interval
+
+
+class Comparisons(_Contract):
+    """validate_evals' output (comparisons.json), per registry and decoding."""
+    sampled: dict[str, Comparison]
+    greedy: dict[str, Comparison]
+    evals_valid: bool
+
+
+class SignalsDigest(BaseModel):
+    retrain: bool | None = None
+    reasons: list[str] = []
+    summary: str | None = None
+    window: str | None = None
+    rows: dict | None = None
+    data_validation: str | None = None
+    drift: list[dict] = []
+    tooldiff: dict = {}
+
+
+class RunSummary(_Contract):
+    """summary.json of one run: what the Evergreen page, `make demo` and `python -m tasks demo` show."""
+    dag_id: str
+    run_id: str
+    run_dir: str
+    status: Literal["promoted", "not_promoted", "skipped", "failed"]
+    started_at: str | None = None
+    finished_at: str
+    trigger: dict = {}
+    skip_reason: str | None = None
+    signals: SignalsDigest = SignalsDigest()
+    target_registry: str
+    guard_registries: list[str] = []
+    greedy: dict[str, Comparison] | None = None
+    sampled: dict[str, Comparison] | None = None
+    probe: list[dict] = []
+    training: dict | None = None
+    promotion: dict | None = None
+    champion_version: str | None = None
+    challenger_version: str | None = None
+    links: dict[str, str | None] = {}
+    timings: dict[str, float] = {}
+    wall_s: float | None = None

@@ -1,0 +1,102 @@
+"""Champion against challenger on the same held-out tasks, then the paired comparisons the gate judges.
+
+    evaluate(settings, rd)                 # eval_champion_v<toolset>.jsonl, eval_challenger_v<toolset>.jsonl
+    validate_evals(settings, rd)           # GX on every table; comparisons.json (greedy and sampled)
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+log = logging.getLogger(__name__)
+
+
+def challenger_version(rd) -> int:
+    """The challenger's policy version: the GRPO steps it was trained for (its metrics' last step)."""
+    from tasks.rl.metrics import read_metrics
+
+    metrics = read_metrics(rd.path / "grpo" / "metrics.jsonl")
+    return int(metrics[-1]["step"]) if metrics else 0
+
+
+def evaluate(settings, rd) -> dict:
+    """Champion, then challenger, on every toolset's held-out tasks, on the run's engines (the ones the
+    probes started and GRPO trained with; started here if gone), which are stopped at the end. Each model's
+    weights are loaded into them (`RolloutPool.load_weights`, through the object store): both meet the same
+    engines and configuration, and no second set is built."""
+    from safetensors.torch import load_file
+
+    from tasks.stages.models import champion_dir
+    from tasks.stages.rollouts import connect, engine_namespace, load_tasks, toolsets
+
+    t0 = time.time()
+    connect(settings, rd)
+    import ray
+
+    from tasks.rl.rollout import RolloutPool, start_rollout_actors
+
+    out: dict = {}
+    champ = champion_dir(settings, rd)
+    try:
+        pool = RolloutPool(champ, settings, actors=start_rollout_actors(champ, settings, namespace=engine_namespace(rd)))
+        for who, (weights, version) in {"champion": (champ / "model.safetensors", 0),
+                                        "challenger": (rd.path / "grpo" / "model" / "model.safetensors",
+                                                       challenger_version(rd))}.items():
+            seconds = pool.load_weights(load_file(weights), version=version)
+            log.info("%s weights loaded into %d engines in %.3fs", who, len(pool.actors), seconds)
+            for toolset in toolsets(settings):
+                result = pool.evaluate(load_tasks(rd, toolset), settings.eval.samples, settings.rollout.temperature,
+                                       settings.eval.seed)
+                rd.write_lines(result.table, f"eval_{who}_v{toolset}.jsonl")
+                out.setdefault(who, {})[toolset] = {"greedy": result.summary("greedy_success")["mean"],
+                                                    "sampled": result.summary("sampled_success")["mean"]}
+                log.info("evaluate %s on toolset v%s: greedy %.3f, sampled %.3f", who, toolset,
+                         out[who][toolset]["greedy"], out[who][toolset]["sampled"])
+        pids = pool.engine_pids()
+        pool.shutdown()
+    finally:
+        ray.shutdown()
+    rd.record_timing("evaluate", time.time() - t0, cpus=settings.rollout.num_workers * settings.rollout.cpus_per_worker,
+                     engine_pids=pids)
+    return out
+
+
+def eval_table(rd, who: str, toolset: str):
+    """The EvalResult evaluate wrote for `who` (champion | challenger) on `toolset`."""
+    from tasks.evals.harness import EvalResult
+
+    return EvalResult(rd.read_lines(f"eval_{who}_v{toolset}.jsonl"))
+
+
+def validate_evals(settings, rd) -> dict:
+    """GX on every eval table, then the paired comparisons (both decodings) the gate judges."""
+    from tasks.data.checks import check_eval_table
+    from tasks.data.validation import Validator
+    from tasks.evals.harness import compare
+    from tasks.stages.contracts import Comparisons
+    from tasks.stages.report import stage_run, tracker_of
+    from tasks.stages.rollouts import toolsets
+
+    e = settings.eval
+    tables = {(who, t): eval_table(rd, who, t) for who in ("champion", "challenger") for t in toolsets(settings)}
+    comparisons = Comparisons(evals_valid=True, **{
+        kind: {t: compare(tables["challenger", t], tables["champion", t], f"{kind}_success", e.bootstrap_resamples,
+                          e.confidence) for t in toolsets(settings)} for kind in ("sampled", "greedy")})
+    tracker = tracker_of(settings)
+    validator = Validator(rd.path / "gx_docs_evals")
+    with stage_run(settings, rd, "evals"):
+        for (who, toolset), table in tables.items():
+            outcome = check_eval_table(table.table, settings.eval.num_tasks, validator=validator)
+            comparisons.evals_valid &= outcome.success
+            tracker.log_artifact(rd.path / f"eval_{who}_v{toolset}.jsonl", "evals")
+        for kind, by_toolset in (("sampled", comparisons.sampled), ("greedy", comparisons.greedy)):
+            tracker.log_metrics({f"v{t}.{kind}.{who}": getattr(c, who).mean for t, c in by_toolset.items()
+                                 for who in ("champion", "challenger")})
+        tracker.log_metrics({f"v{t}.greedy.difference_low": c.difference.low for t, c in comparisons.greedy.items()})
+        tracker.set_tags({"evergreen.eval_validation": "passed" if comparisons.evals_valid else "failed"})
+    rd.write(comparisons, "comparisons.json")
+    if not comparisons.evals_valid:
+        log.warning("eval tables failed GX validation: the gate will refuse to promote (see gx_docs_evals/)")
+    t = settings.env.target_registry
+    return {"evals_valid": comparisons.evals_valid, "target_greedy": comparisons.greedy[t].difference.model_dump(),
+            "target_sampled": comparisons.sampled[t].difference.model_dump()}

@@ -1,0 +1,103 @@
+"""The models of a run: the first champion (SFT), and the registry's champion fetched for a stage.
+
+    bootstrap(settings, rd)                   # bootstrap_champion's task: SFT, log, register (champion if none)
+    champion_dir(settings, rd)                # the champion, downloaded once per run into <rd>/champion
+    fetch_champion(settings, dest)            # the one resolver of `models:/<name>@champion`
+
+"bootstrap" here is the SFT of the first champion; the statistical bootstrap (intervals) is tasks.evals.bootstrap.
+"""
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+CHAMPION_URI = "models:/{name}@champion"
+
+
+def fetch_champion(settings, dest: Path) -> Path:
+    """The registry's champion in `dest` (downloaded when not there yet; its checksums verified when loaded).
+    Parallel tasks may ask at once: each downloads to its own directory and the first rename wins. Raises
+    RuntimeError, saying what to run, when the registry has no champion."""
+    from tasks.policy.model import resolve_model_dir
+    from tasks.stages.report import tracker_of
+
+    dest = Path(dest)
+    if (dest / "config.json").exists():
+        return dest
+    tracker_of(settings)  # sets the tracking URI the registry lives in
+    uri = CHAMPION_URI.format(name=settings.promotion.model_name)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=".champion-", dir=dest.parent))
+    try:
+        try:
+            got = resolve_model_dir(uri, cache_dir=scratch)
+        except Exception as e:  # noqa: BLE001 - MLflow raises several types for a missing alias
+            raise RuntimeError(f"no champion in the MLflow registry ({uri}): run the bootstrap_champion DAG first "
+                               f"({type(e).__name__}: {e})") from e
+        try:
+            got.rename(dest)
+        except OSError:
+            if not (dest / "config.json").exists():
+                raise
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return dest
+
+
+def champion_dir(settings, rd) -> Path:
+    """This run's champion: fetched once per run, shared by its stages."""
+    return fetch_champion(settings, rd.path / "champion")
+
+
+def sft_champion(settings, out_dir: str | Path) -> dict:
+    """Build the tiny model from config and fine-tune it into a registry-v1 agent; returns its stats."""
+    from tasks.envs import get_env
+    from tasks.policy.model import build_model, save_model
+    from tasks.policy.sft import sft_train
+
+    t0 = time.time()
+    model, tokenizer = build_model(settings.model)
+    losses = sft_train(model, tokenizer, settings)
+    toolset = get_env(settings.env.name).load_registry(settings.env.champion_registry)
+    path = save_model(model, tokenizer, out_dir, registry=toolset)
+    stats = {"model_dir": str(path), "sft_steps": len(losses), "final_loss": losses[-1], "seconds": time.time() - t0,
+             "parameters": sum(p.numel() for p in model.parameters())}
+    log.info("sft: %s", stats)
+    return stats
+
+
+def bootstrap(settings, rd, force: bool = False) -> dict:
+    """SFT the first champion and register it; it becomes `champion` when the registry has none. With a
+    champion there, nothing happens unless `force` (then a new version is registered; the aliases stay)."""
+    from tasks.promotion.registry import CHAMPION, ModelRegistry
+    from tasks.stages.report import tracker_of
+
+    tracker = tracker_of(settings)
+    registry = ModelRegistry(settings.promotion.model_name)
+    current = registry.version_of(CHAMPION)
+    if current is not None and not force:
+        log.info("registry %s already has champion version %s; nothing to do (force=true retrains)",
+                 settings.promotion.model_name, current)
+        return {"champion": current, "bootstrapped": False}
+    out = rd.path / "model"
+    t0 = time.time()
+    stats = sft_champion(settings, out) if not (out / "config.json").exists() else {"model_dir": str(out)}
+    with tracker.pipeline_run("bootstrap_champion", settings=settings,
+                              tags={"airflow.dag_id": rd.dag_id, "airflow.run_id": rd.run_id}):
+        with tracker.stage("bootstrap") as stage:
+            tracker.log_metrics({k: v for k, v in stats.items() if k in ("sft_steps", "final_loss", "seconds", "parameters")})
+            tracker.log_artifacts(out, "model")
+            version = registry.register(stage.info.run_id, "model", run_key=f"{rd.run_id}:bootstrap", tags={
+                "evergreen.kind": "bootstrap", "evergreen.registry": settings.env.champion_registry})
+            if registry.version_of(CHAMPION) is None:
+                registry.promote(version, run_key=f"{rd.run_id}:bootstrap",
+                                 decision={"promote": True, "reasons": ["first model: the registry had no champion"]})
+    result = {"champion": registry.version_of(CHAMPION), "bootstrapped": True, "seconds": time.time() - t0,
+              "aliases": registry.aliases(), **{k: v for k, v in stats.items() if k != "model_dir"}}
+    log.info("bootstrap: %s", result)
+    return result

@@ -1,0 +1,141 @@
+"""The run's record: its MLflow pipeline run (open_run), the nested stage runs, and the summary at the end.
+
+    info = open_run(settings, rd, trigger={"kind": "rest"})
+    ...
+    summarize(settings, rd)
+    print(format_summary(RunSummary.model_validate_json(path.read_text())))
+
+`format_summary` is the one text rendering of a run: the DAG's summarize log, `make demo` and
+`python -m tasks demo` print it.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from datetime import datetime, timezone
+
+log = logging.getLogger(__name__)
+
+
+def tracker_of(settings):
+    from tasks.tracking import Tracker
+
+    return Tracker.from_settings(settings)
+
+
+def stage_run(settings, rd, name: str):
+    """A nested MLflow run `name` under the DAG run's pipeline run (opened by open_run)."""
+    return tracker_of(settings).stage_of(rd.read("run.json")["mlflow_run_id"], name)
+
+
+def open_run(settings, rd, trigger: dict) -> dict:
+    """Open the DAG run's MLflow pipeline run (params = the effective settings); once per DAG run."""
+    existing = rd.read("run.json")
+    if existing:  # a retried task must not open a second MLflow run
+        return existing
+    tracker = tracker_of(settings)
+    run_id = tracker.open_run(rd.dag_id, settings=settings, tags={
+        "airflow.dag_id": rd.dag_id, "airflow.run_id": rd.run_id, "evergreen.trigger": trigger.get("kind", "")})
+    info = {"dag_id": rd.dag_id, "run_id": rd.run_id, "run_dir": str(rd.path), "mlflow_run_id": run_id,
+            "mlflow_url": tracker.url_of(run_id), "started_at": datetime.now(timezone.utc).isoformat(),
+            "trigger": trigger}
+    rd.write(info, "run.json")
+    log.info("run %s: MLflow run %s", rd.run_id, info["mlflow_url"])
+    return info
+
+
+def summarize(settings, rd) -> dict:
+    """The run's summary.json (the Evergreen page reads it), its MLflow status, and a printed summary;
+    runs whatever happened upstream."""
+    summary = collect_summary(settings, rd)
+    rd.write(summary, "summary.json")
+    run = rd.read("run.json") or {}
+    if run.get("mlflow_run_id"):
+        try:
+            tracker = tracker_of(settings)
+            with tracker.within(run["mlflow_run_id"]):
+                tracker.log_artifact(rd.path / "summary.json")
+            tracker.finish(run["mlflow_run_id"], "FAILED" if summary.status == "failed" else "FINISHED")
+        except Exception as e:  # noqa: BLE001 - the summary on disk matters more than the MLflow status
+            log.warning("could not close MLflow run %s: %s", run["mlflow_run_id"], e)
+    log.info("%s", format_summary(summary))
+    return {"status": summary.status, "summary": str(rd.path / "summary.json")}
+
+
+def collect_summary(settings, rd):
+    """The RunSummary of whatever the run's stages left in its directory (cluster.json is the cluster
+    setup's, grpo_job.json the GRPO job's)."""
+    from tasks.rl.metrics import metrics_digest
+    from tasks.stages.contracts import RunSummary, SignalsDigest
+    from tasks.stages.rollouts import toolsets
+
+    run = rd.read("run.json") or {}
+    promotion, skip = rd.read("promotion.json"), rd.read("skip.json")
+    status = ("promoted" if promotion["decision"]["promote"] else "not_promoted") if promotion else \
+        "skipped" if skip else "failed"
+    signals = rd.read("signals.json") or {}
+    drift = (rd.read("signals", "monitor", "drift_report.json") or {}).get("tests", [])
+    tooldiff = rd.read("signals", "monitor", "tooldiff.json") or {}
+    comparisons = rd.read("comparisons.json") or {}
+    started = run.get("started_at")
+    now = datetime.now(timezone.utc)
+    move = (promotion or {}).get("move") or {}
+    return RunSummary(
+        dag_id=rd.dag_id, run_id=rd.run_id, run_dir=str(rd.path), status=status, started_at=started,
+        finished_at=now.isoformat(), trigger=run.get("trigger", {}), skip_reason=(skip or {}).get("reason"),
+        signals=SignalsDigest(
+            **{k: signals.get(k) for k in ("retrain", "summary", "window", "rows", "data_validation")},
+            reasons=signals.get("reasons", []),
+            drift=[{k: t.get(k) for k in ("workload", "statistic", "effect", "p_adjusted", "significant", "verdict")}
+                   for t in drift],
+            tooldiff={"breaking": (tooldiff.get("counts") or {}).get("breaking", 0), "summary": tooldiff.get("summary"),
+                      "changes": [_change_text(c) for c in (tooldiff.get("changes") or [])][:40]}),
+        target_registry=settings.env.target_registry, guard_registries=toolsets(settings)[1:],
+        greedy=comparisons.get("greedy"), sampled=comparisons.get("sampled"),
+        probe=[json.loads(f.read_text()) for f in sorted((rd.path / "probe").glob("shard-*.json"))],
+        training=metrics_digest(rd.path / "grpo" / "metrics.jsonl"), promotion=promotion,
+        champion_version=(move.get("from") or promotion["aliases"].get("previous")) if promotion else None,
+        challenger_version=(promotion or {}).get("version"),
+        links={"mlflow_run": run.get("mlflow_url"), "ray_dashboard": (rd.read("cluster.json") or {}).get("dashboard_url"),
+               "ray_job_id": (rd.read("grpo_job.json") or {}).get("job_id"),
+               "airflow_run": None if run.get("trigger", {}).get("kind") == "cli" else f"/dags/{rd.dag_id}/runs/{rd.run_id}",
+               "run_dir": str(rd.path)},
+        timings={f.stem: json.loads(f.read_text())["wall_s"] for f in sorted((rd.path / "timings").glob("*.json"))},
+        wall_s=(now - datetime.fromisoformat(started)).total_seconds() if started else None)
+
+
+def _change_text(change) -> str:
+    if not isinstance(change, dict):
+        return str(change)
+    return f"{change.get('kind', '')}: {change.get('detail') or change.get('description') or change}"
+
+
+def format_summary(summary) -> str:
+    """Plain-text summary of one run (the task log, `make demo`, `python -m tasks demo`)."""
+    from tasks.evals.harness import format_interval
+
+    lines = ["=" * 78, f"{summary.dag_id} {summary.run_id}: {summary.status.upper()}",
+             f"  trigger: {summary.trigger.get('kind')}"]
+    sig = summary.signals
+    if sig.window:
+        lines.append(f"  signals {sig.window}: retrain={sig.retrain}; {str(sig.summary)[:150]}")
+    if summary.skip_reason:
+        lines.append(f"  skipped: {summary.skip_reason}")
+    for kind in ("greedy", "sampled"):
+        for reg, c in (getattr(summary, kind) or {}).items():
+            lines.append(f"  [{kind:7s}] registry v{reg}: champion {format_interval(c.champion.model_dump())} -> "
+                         f"challenger {format_interval(c.challenger.model_dump())}  "
+                         f"diff {format_interval(c.difference.model_dump(), points=True)}")
+    promo = summary.promotion
+    if promo:
+        d, c = promo["decision"], promo["cost"]
+        lines.append(f"  decision: {'PROMOTED' if d['promote'] else 'not promoted'} {promo['model_name']} version "
+                     f"{promo['version']}; aliases {promo['aliases']}")
+        lines.append(f"  cost ${c['total_usd']:.4f} (run ${c['run_usd']:.4f}); {d['summary'][:160]}")
+    if summary.wall_s:
+        lines.append(f"  wall {summary.wall_s:.0f}s; " + ", ".join(f"{k} {v:.0f}s" for k, v in summary.timings.items()))
+    for name, url in summary.links.items():
+        if url:
+            lines.append(f"  {name}: {url}")
+    lines.append("=" * 78)
+    return "\n".join(lines)

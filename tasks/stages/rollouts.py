@@ -1,0 +1,127 @@
+"""The run's tasks and its first rollouts: which toolsets it serves, their held-out eval tasks, and the
+champion's probe rollouts on the run's Ray cluster.
+
+    toolsets(settings)                                    # ["2", "1"]: the target, then the guards
+    build_tasks(settings, rd, toolset="2")                # tasks/eval_v2.jsonl
+    probe_rollouts(settings, rd, shard=0, num_shards=2)   # on the cluster of <rd>/cluster.json
+
+A toolset is one version of the tool registry (its schemas); the model registry is MLflow's.
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+log = logging.getLogger(__name__)
+
+PROBE_SHARDS = (0, 1)  # probe_rollouts tasks: shard i starts the run's rollout engine i
+
+
+def toolsets(settings) -> list[str]:
+    """The tool-registry versions a run evaluates on: the target first, then the guards (today: the
+    champion's own)."""
+    return [settings.env.target_registry, settings.env.champion_registry]
+
+
+def eval_tasks(settings, toolset: str):
+    """The held-out evaluation tasks of one toolset: fixed seed, content of `eval.split`."""
+    from tasks.envs import get_env
+
+    env = get_env(settings.env.name)
+    return env.generate_tasks(settings.eval.num_tasks, settings.eval.seed, env.load_registry(toolset),
+                              split=settings.eval.split)
+
+
+def build_tasks(settings, rd, toolset: str) -> dict:
+    """eval_tasks of one toolset, written for every model of this run to meet."""
+    from collections import Counter
+
+    tasks = eval_tasks(settings, toolset)
+    path = rd.write_lines([t.to_dict() for t in tasks], "tasks", f"eval_v{toolset}.jsonl")
+    out = {"toolset": toolset, "tasks": len(tasks), "families": dict(Counter(t.family for t in tasks)),
+           "path": str(path), "role": "target" if toolset == settings.env.target_registry else "guard"}
+    log.info("built %d eval tasks for toolset v%s: %s", len(tasks), toolset, out["families"])
+    return out
+
+
+def load_tasks(rd, toolset: str):
+    """The tasks build_tasks wrote for `toolset`."""
+    from tasks.envs.base import Task
+
+    path = rd.path / "tasks" / f"eval_v{toolset}.jsonl"
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing: the build_tasks stage writes it (was it skipped or cleared?)")
+    return [Task.from_dict(row) for row in rd.read_lines("tasks", f"eval_v{toolset}.jsonl")]
+
+
+def cluster_of(rd):
+    """The run's Ray cluster as its setup wrote it (cluster.json)."""
+    from tasks.stages.contracts import ClusterInfo
+
+    data = rd.read("cluster.json")
+    if data is None:
+        raise FileNotFoundError(f"{rd.path / 'cluster.json'} is missing: the ray_cluster_setup task writes it")
+    return ClusterInfo.model_validate(data)
+
+
+def connect(settings, rd):
+    """Attach this process to the run's cluster as a driver (auth env first: ray reads it at init)."""
+    import os
+
+    info = cluster_of(rd)
+    # before the first `import ray` of this process: Ray reads its auth mode and token then
+    os.environ.update(info.env)
+    from tasks.rl.cluster import connect as ray_connect
+
+    return ray_connect(settings.model_copy(update={"ray": settings.ray.model_copy(update={"address": info.address})}))
+
+
+def engine_namespace(rd) -> str:
+    """The Ray namespace of a run's rollout engines (`rollout-<i>`, tasks.rl.rollout.start_rollout_actors):
+    the probes start them, the GRPO job and the evals reuse them, the evals stop them. An engine takes
+    25-45 s to start here; building one set per stage cost the demo about 1.5 minutes."""
+    return f"evergreen-engines-{rd.path.name}"
+
+
+def probe_rollouts(settings, rd, shard: int, num_shards: int) -> dict:
+    """The champion's rollouts on one shard of the first training batch (target toolset): they check the
+    rollout contract with GX and measure the starting reward before the update spends anything. Probe i
+    starts the run's engine i (kept for the GRPO job and the evals) while the run has one, else a temporary one."""
+    t0 = time.time()
+    connect(settings, rd)
+    import ray
+    from safetensors.torch import load_file
+
+    from tasks.data.checks import check_rollouts
+    from tasks.rl.rollout import RolloutPool, start_rollout_actors
+    from tasks.rl.train import training_tasks
+    from tasks.stages.models import champion_dir
+
+    one = settings.model_copy(update={"rollout": settings.rollout.model_copy(update={"num_workers": 1})})
+    champ = champion_dir(settings, rd)
+    kept = shard < settings.rollout.num_workers
+    try:
+        tasks = training_tasks(settings, 0)[shard::num_shards]
+        actors = start_rollout_actors(champ, settings, indices=[shard], namespace=engine_namespace(rd) if kept else None)
+        pool = RolloutPool(champ, one, actors=actors, first_core=shard)
+        pool.load_weights(load_file(champ / "model.safetensors"), version=0)  # a rerun finds the engine as GRPO left it
+        records = pool.run_batch(tasks, settings.rollout.group_size, rd.path / "probe" / f"shard-{shard}",
+                                 seed=settings.grpo.seed + shard)
+        pids = pool.engine_pids()
+        if not kept:
+            pool.shutdown()
+    finally:
+        ray.shutdown()
+    outcome = check_rollouts(records, settings.rollout.group_size, docs_dir=rd.path / "probe" / f"gx_docs-{shard}")
+    outcome.raise_for_failure()
+    expected = len(tasks) * settings.rollout.group_size
+    if len(records) != expected:
+        raise RuntimeError(f"probe shard {shard}: {len(records)} rollout records, expected {expected}")
+    out = {"shard": shard, "episodes": len(records), "success_rate": sum(r["success"] for r in records) / len(records),
+           "mean_reward": sum(r["reward"] for r in records) / len(records),
+           "tokens": int(sum(len(r.get("completion_ids") or []) for r in records))}
+    rd.record_timing(f"probe_rollouts_{shard}", time.time() - t0, cpus=settings.rollout.cpus_per_worker,
+                     tokens_generated=out["tokens"], engine_pids=pids, engines_kept=kept)
+    rd.write(out, "probe", f"shard-{shard}.json")
+    log.info("probe shard %d/%d: %s", shard, num_shards, out)
+    return out
