@@ -48,7 +48,7 @@ def main() -> None:
     from tasks.policy.model import build_model, load_model, save_model, state_dict_cpu
     from tasks.rl.records import episode_record
     from tasks.rl.rollout import RolloutWorker
-    from tasks.rl.train import grpo_update
+    from tasks.rl.train import grpo_step
     from tasks.rl.weight_transfer import CollectiveWeightSync, LocalWorkerClient
 
     settings = load_settings()
@@ -58,7 +58,7 @@ def main() -> None:
         model_dir = save_model(model, tok, settings.run_dir / "bench-random-model")
     model, tok, model_dir = load_model(model_dir)
     torch.set_num_threads(os.cpu_count())
-    tasks = desk.generate_tasks(n_tasks, 4242, desk.load_registry(settings.env.target_registry), split="train")
+    tasks = desk.generate_tasks(n_tasks, 4242, desk.load_registry(settings.env.target_toolset), split="train")
     limits = {"max_turns": settings.env.max_turns, "max_tokens_per_turn": settings.env.max_tokens_per_turn,
               "max_len": settings.model.max_len}
     sampling = Sampling(temperature=settings.rollout.temperature, seed=1)
@@ -86,7 +86,7 @@ def main() -> None:
     train_model = load_model(model_dir)[0]
     opt = torch.optim.AdamW(train_model.parameters(), lr=settings.grpo.lr)
     t0 = time.time()
-    m = grpo_update(train_model, opt, records, settings, tok.pad_id)
+    m = grpo_step(train_model, opt, records, settings, tok.pad_id)
     grpo_s = time.time() - t0
 
     sd = state_dict_cpu(train_model)

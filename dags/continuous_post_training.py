@@ -17,7 +17,7 @@ probe_rollouts (shards) → grpo_command → grpo_update (a Ray job, deferred) �
 ray_cluster_teardown (always) → summarize (always). The skip path ends at `signals.skip` when there is
 nothing to learn.
 
-**Params**: `target_registry` (the workload's tool registry), `grpo_steps`, `eval_tasks`, `max_cost_usd`
+**Params**: `target_toolset` (the workload's tool registry), `grpo_steps`, `eval_tasks`, `max_cost_usd`
 (the budget: a costlier run is not promoted), `force`, `overrides` ({"section.field": value} for any
 setting), `fail_training_at_step` (a failure drill: the GRPO job raises at that step).
 Everything it produced is in `runs/airflow/continuous_post_training/<run_id>/` and in the run's MLflow run.
@@ -51,7 +51,7 @@ def _toolset_kwargs(toolset: str) -> dict:
     doc_md=__doc__,
     tags=["evergreen", "training", "ray", "mlflow"],
     params={
-        "target_registry": Param(None, type=["null", "string"], description="toolset the agent must serve (default: env.target_registry)"),
+        "target_toolset": Param(None, type=["null", "string"], description="toolset the agent must serve (default: env.target_toolset)"),
         "grpo_steps": Param(None, type=["null", "integer"], minimum=1, description="GRPO updates (default: grpo.steps)"),
         "eval_tasks": Param(None, type=["null", "integer"], minimum=8, description="held-out tasks per toolset (default: eval.num_tasks)"),
         "max_cost_usd": Param(None, type=["null", "number"], minimum=0, description="budget (promotion.max_cost_usd): a run that costs more is not promoted"),

@@ -30,7 +30,7 @@ from airflow.providers.standard.operators.python import BranchPythonOperator, Py
 log = logging.getLogger(__name__)
 
 # DAG param -> setting; every other setting through the `overrides` param
-PARAM_FIELDS = {"target_registry": "env.target_registry", "grpo_steps": "grpo.steps", "eval_tasks": "eval.num_tasks",
+PARAM_FIELDS = {"target_toolset": "env.target_toolset", "grpo_steps": "grpo.steps", "eval_tasks": "eval.num_tasks",
                 "sft_steps": "bootstrap.steps", "max_cost_usd": "promotion.max_cost_usd"}
 
 

@@ -168,7 +168,7 @@ def _list(v: Any) -> list:
 
 def gain_per_dollar(summary: dict) -> float | None:
     """Success points gained on the target registry (greedy, point estimate) per dollar of total cost."""
-    target = summary.get("target_registry")
+    target = summary.get("target_toolset")
     diff = _num(_get(summary, "greedy", str(target), "difference", "mean")) if target is not None else None
     total = _num(_get(summary, "promotion", "cost", "total_usd"))
     if diff is None or total is None or total <= 0:
@@ -274,7 +274,7 @@ def _status_label(status: str) -> str:
 def _registries(summary: dict) -> list[tuple[str, str]]:
     """(registry, role) for the target, the guards, then any other registry the evals measured."""
     out: list[tuple[str, str]] = []
-    target = summary.get("target_registry")
+    target = summary.get("target_toolset")
     if isinstance(target, (str, int)):
         out.append((str(target), "target"))
     for g in _list(summary.get("guard_registries")):
@@ -320,7 +320,7 @@ def success_chart(runs: list[Run]) -> str:
     label = "Success on the target registry (greedy), champion vs challenger, per run"
     points = []
     for r in sorted(runs, key=lambda r: r.sort_ts):
-        target = r.summary.get("target_registry")
+        target = r.summary.get("target_toolset")
         cmp_ = _get(r.summary, "greedy", str(target)) if target is not None else None
         champ, chall = _get(cmp_, "champion"), _get(cmp_, "challenger")
         if _num(_get(champ, "mean")) is None and _num(_get(chall, "mean")) is None:

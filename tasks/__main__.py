@@ -158,7 +158,7 @@ def _evaluate_pool(pool, settings, toolsets: list[str]) -> dict:
     out = {}
     for toolset in toolsets:
         t0 = time.time()
-        out[toolset] = pool.evaluate(eval_tasks(settings, toolset), settings.eval.samples, settings.rollout.temperature,
+        out[toolset] = pool.score_attempts(eval_tasks(settings, toolset), settings.eval.samples, settings.rollout.temperature,
                                      settings.eval.seed)
         s = out[toolset].summary("sampled_success", settings.eval.bootstrap_resamples, settings.eval.confidence)
         logging.getLogger("tasks").info(

@@ -52,8 +52,8 @@ class ModelSettings(_Section):
 
 class EnvSettings(_Section):
     name: str = Field("desk", description="environment name (tasks.envs.ENVIRONMENTS)")
-    champion_registry: str = Field("1", description="registry the champion was trained for (version or JSON path)")
-    target_registry: str = Field("2", description="registry in production now (version or JSON path)")
+    champion_toolset: str = Field("1", description="registry the champion was trained for (version or JSON path)")
+    target_toolset: str = Field("2", description="registry in production now (version or JSON path)")
     max_turns: int = Field(4, ge=1, description="assistant turns before an episode ends without answer")
     max_tokens_per_turn: int = Field(96, ge=8, description="generation limit of one assistant turn")
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from tasks.envs import new_episode
 from tasks.envs.base import Task
-from tasks.evals.bootstrap import mean_ci, paired_bootstrap
+from tasks.evals.intervals import mean_ci, paired_bootstrap
 from tasks.policy.backends import Sampling
 
 
@@ -27,7 +27,7 @@ class EvalResult:
         return mean_ci(self.column(key), resamples=resamples, confidence=confidence)
 
 
-def evaluate(backend, tasks: list[Task], tokenizer, samples: int, temperature: float, seed: int,
+def score_attempts(backend, tasks: list[Task], tokenizer, samples: int, temperature: float, seed: int,
              env_limits: dict | None = None, first_index: int = 0) -> EvalResult:
     """Greedy and `samples` sampled attempts per task; seeds depend on the task's index in the whole set
     (`first_index` + position), so any split of the set over workers gives the same results."""

@@ -24,13 +24,13 @@ log = logging.getLogger(__name__)
 def price_run(settings, comparisons: dict[str, dict], stages: list[StageUsage],
               serving: ServingProjection | None = None) -> dict:
     """The cost ledger of the run (tasks.promotion.cost.ledger) with the target's gain in points."""
-    gain_points = 100.0 * comparisons[settings.env.target_registry]["difference"]["mean"]
+    gain_points = 100.0 * comparisons[settings.env.target_toolset]["difference"]["mean"]
     return ledger(stages, settings.cost, load_prices(settings.cost.prices_file), serving, gain_points)
 
 
 def judge(settings, comparisons: dict[str, dict], validations: dict[str, bool], cost: dict):
     """The gate's Decision: the target registry's comparison is the target, every other one a guard."""
-    target_reg = settings.env.target_registry
+    target_reg = settings.env.target_toolset
     guards = {f"registry_v{reg}": cmp for reg, cmp in comparisons.items() if reg != target_reg}
     return decide(comparisons[target_reg], guards, validations, cost, settings.promotion)
 
@@ -43,7 +43,7 @@ def apply_decision(settings, decision, cost: dict, comparisons: dict[str, dict],
     from tasks.promotion.registry import ModelRegistry
     from tasks.signals.tools import schema_hash
 
-    target_reg = settings.env.target_registry
+    target_reg = settings.env.target_toolset
     target = comparisons[target_reg]
     gain_points = 100.0 * target["difference"]["mean"]
     registry_hash = schema_hash(get_env(settings.env.name).load_registry(target_reg))

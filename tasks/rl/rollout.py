@@ -105,11 +105,11 @@ class RolloutWorker:
                 "seconds": time.time() - t0, "pid": os.getpid()}
 
 
-    def evaluate(self, task_dicts: list[dict], samples: int, temperature: float, seed: int, first_index: int) -> list[dict]:
-        from tasks.evals.harness import evaluate
+    def score_attempts(self, task_dicts: list[dict], samples: int, temperature: float, seed: int, first_index: int) -> list[dict]:
+        from tasks.evals.harness import score_attempts
 
         tasks = [Task.from_dict(d) for d in task_dicts]
-        return evaluate(self.backend, tasks, self.tokenizer, samples, temperature, seed, self.limits, first_index).table
+        return score_attempts(self.backend, tasks, self.tokenizer, samples, temperature, seed, self.limits, first_index).table
 
 
 def start_rollout_actors(model_dir: str | Path, settings, first_core: int = 0, indices: list[int] | None = None,
@@ -252,13 +252,13 @@ class RolloutPool:
                  len(records), tokens, secs, tokens / max(secs, 1e-9), sum(r["success"] for r in records) / len(records))
         return records
 
-    def evaluate(self, tasks: list[Task], samples: int, temperature: float, seed: int):
+    def score_attempts(self, tasks: list[Task], samples: int, temperature: float, seed: int):
         """Held-out evaluation of the pool's current weights, split over the actors (same result for any split)."""
         from tasks.evals.harness import EvalResult
 
         n = len(self.actors)
         bounds = [round(i * len(tasks) / n) for i in range(n + 1)]
-        refs = [a.evaluate.remote([t.to_dict() for t in tasks[lo:hi]], samples, temperature, seed, lo)
+        refs = [a.score_attempts.remote([t.to_dict() for t in tasks[lo:hi]], samples, temperature, seed, lo)
                 for a, lo, hi in zip(self.actors, bounds, bounds[1:]) if hi > lo]
         return EvalResult([row for part in ray.get(refs) for row in part])
 

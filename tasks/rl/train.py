@@ -55,9 +55,9 @@ def training_tasks(settings, step: int) -> list:
     env, g = get_env(settings.env.name), settings.grpo
     n_guard = guard_count(g)
     seed = 1_000_000 + g.seed * 10_000 + step
-    target = env.generate_tasks(g.tasks_per_step - n_guard, seed, env.load_registry(settings.env.target_registry),
+    target = env.generate_tasks(g.tasks_per_step - n_guard, seed, env.load_registry(settings.env.target_toolset),
                                 split="train")
-    guard = env.generate_tasks(n_guard, seed + 500_000, env.load_registry(settings.env.champion_registry),
+    guard = env.generate_tasks(n_guard, seed + 500_000, env.load_registry(settings.env.champion_toolset),
                                split="train") if n_guard else []
     return target + guard
 
@@ -114,7 +114,7 @@ def _all_reduce(tensors: list[torch.Tensor]) -> None:
         offset += t.numel()
 
 
-def grpo_update(model, optimizer, records: list[dict], settings, pad_id: int, ref_model=None,
+def grpo_step(model, optimizer, records: list[dict], settings, pad_id: int, ref_model=None,
                 demos: list | None = None, rank: int = 0, world: int = 1) -> dict:
     """One GRPO update from a batch of rollout records; returns its metrics.
 
@@ -276,7 +276,7 @@ def grpo_loop(config: dict) -> None:
         start = restore_checkpoint(ckpt, model, optimizer)["step"]
         log.info("resuming GRPO from %s (step %d of %d)", ckpt, start, g.steps)
     ref_model = load_model(config["init_model"])[0].to(device) if g.uses_reference else None
-    # no DDP wrapper: grpo_update all-reduces the summed gradients itself, once per optimizer step, so that
+    # no DDP wrapper: grpo_step all-reduces the summed gradients itself, once per optimizer step, so that
     # ranks with different numbers of micro-batches still pair their collectives; every rank loaded the
     # same weights, and the same reduced gradient keeps them equal
     pool = None
@@ -287,7 +287,7 @@ def grpo_loop(config: dict) -> None:
     metrics_path = run_dir / "metrics.jsonl"
     if rank == 0:
         keep_metrics(metrics_path, start)
-    champion_registry = get_env(settings.env.name).load_registry(settings.env.champion_registry)
+    champion_toolset = get_env(settings.env.name).load_registry(settings.env.champion_toolset)
     for step in range(start, g.steps):
         t0 = time.time()
         records = None
@@ -304,8 +304,8 @@ def grpo_loop(config: dict) -> None:
         demos = None
         if g.demo_coef > 0:  # seeds disjoint from the bootstrap's and the tasks'
             demos = demonstration_batch(settings.env.name, tokenizer, g.demo_batch, 3_000_000 + g.seed * 10_000 + step,
-                                        settings.model.max_len, registry=champion_registry)
-        m = grpo_update(model, optimizer, records, settings, tokenizer.pad_id, ref_model, demos, rank, world)
+                                        settings.model.max_len, registry=champion_toolset)
+        m = grpo_step(model, optimizer, records, settings, tokenizer.pad_id, ref_model, demos, rank, world)
         t_train = time.time() - t0 - t_roll
         version = step + 1
         sync_s = pool.sync_weights(state_dict_snapshot(model), version) if rank == 0 else 0.0
@@ -324,7 +324,7 @@ def grpo_loop(config: dict) -> None:
         ray.train.report(m, **report_kwargs)
     if rank == 0:
         save_model(getattr(model, "module", model), tokenizer, run_dir / "model",
-                   registry=get_env(settings.env.name).load_registry(settings.env.target_registry))
+                   registry=get_env(settings.env.name).load_registry(settings.env.target_toolset))
         if config.get("actors"):
             pool.close_transfer()  # the engines go back to their owner, who opens its own group
         else:

@@ -95,7 +95,7 @@ class RunSummary(_Contract):
     trigger: dict = {}
     skip_reason: str | None = None
     signals: SignalsDigest = SignalsDigest()
-    target_registry: str
+    target_toolset: str
     guard_registries: list[str] = []
     greedy: dict[str, Comparison] | None = None
     sampled: dict[str, Comparison] | None = None

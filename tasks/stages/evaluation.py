@@ -45,7 +45,7 @@ def evaluate(settings, rd) -> dict:
             seconds = pool.load_weights(load_file(weights), version=version)
             log.info("%s weights loaded into %d engines in %.3fs", who, len(pool.actors), seconds)
             for toolset in toolsets(settings):
-                result = pool.evaluate(load_tasks(rd, toolset), settings.eval.samples, settings.rollout.temperature,
+                result = pool.score_attempts(load_tasks(rd, toolset), settings.eval.samples, settings.rollout.temperature,
                                        settings.eval.seed)
                 rd.write_lines(result.table, f"eval_{who}_v{toolset}.jsonl")
                 out.setdefault(who, {})[toolset] = {"greedy": result.summary("greedy_success")["mean"],
@@ -97,6 +97,6 @@ def validate_evals(settings, rd) -> dict:
     rd.write(comparisons, "comparisons.json")
     if not comparisons.evals_valid:
         log.warning("eval tables failed GX validation: the gate will refuse to promote (see gx_docs_evals/)")
-    t = settings.env.target_registry
+    t = settings.env.target_toolset
     return {"evals_valid": comparisons.evals_valid, "target_greedy": comparisons.greedy[t].difference.model_dump(),
             "target_sampled": comparisons.sampled[t].difference.model_dump()}

@@ -4,7 +4,7 @@
     champion_dir(settings, rd)                # the champion, downloaded once per run into <rd>/champion
     fetch_champion(settings, dest)            # the one resolver of `models:/<name>@champion`
 
-"bootstrap" here is the SFT of the first champion; the statistical bootstrap (intervals) is tasks.evals.bootstrap.
+"bootstrap" here is the SFT of the first champion; the statistical bootstrap (intervals) is tasks.evals.intervals.
 """
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ def sft_champion(settings, out_dir: str | Path) -> dict:
     t0 = time.time()
     model, tokenizer = build_model(settings.model)
     losses = sft_train(model, tokenizer, settings)
-    toolset = get_env(settings.env.name).load_registry(settings.env.champion_registry)
+    toolset = get_env(settings.env.name).load_registry(settings.env.champion_toolset)
     path = save_model(model, tokenizer, out_dir, registry=toolset)
     stats = {"model_dir": str(path), "sft_steps": len(losses), "final_loss": losses[-1], "seconds": time.time() - t0,
              "parameters": sum(p.numel() for p in model.parameters())}
@@ -93,7 +93,7 @@ def bootstrap(settings, rd, force: bool = False) -> dict:
             tracker.log_metrics({k: v for k, v in stats.items() if k in ("sft_steps", "final_loss", "seconds", "parameters")})
             tracker.log_artifacts(out, "model")
             version = registry.register(stage.info.run_id, "model", run_key=f"{rd.run_id}:bootstrap", tags={
-                "evergreen.kind": "bootstrap", "evergreen.registry": settings.env.champion_registry})
+                "evergreen.kind": "bootstrap", "evergreen.registry": settings.env.champion_toolset})
             if registry.version_of(CHAMPION) is None:
                 registry.promote(version, run_key=f"{rd.run_id}:bootstrap",
                                  decision={"promote": True, "reasons": ["first model: the registry had no champion"]})

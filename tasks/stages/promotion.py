@@ -30,7 +30,7 @@ def cost(settings, rd) -> dict:
         t = json.loads(f.read_text())
         stages.append(StageUsage(t["stage"], t["wall_s"], cpus=t["cpus"], tokens_generated=t.get("tokens_generated", 0),
                                  tokens_trained=t.get("tokens_trained", 0)))
-    target = settings.env.target_registry
+    target = settings.env.target_toolset
 
     def tokens(who):
         table = eval_table(rd, who, target).table

@@ -20,7 +20,7 @@ PROBE_SHARDS = (0, 1)  # probe_rollouts tasks: shard i starts the run's rollout 
 def toolsets(settings) -> list[str]:
     """The tool-registry versions a run evaluates on: the target first, then the guards (today: the
     champion's own)."""
-    return [settings.env.target_registry, settings.env.champion_registry]
+    return [settings.env.target_toolset, settings.env.champion_toolset]
 
 
 def eval_tasks(settings, toolset: str):
@@ -39,7 +39,7 @@ def build_tasks(settings, rd, toolset: str) -> dict:
     tasks = eval_tasks(settings, toolset)
     path = rd.write_lines([t.to_dict() for t in tasks], "tasks", f"eval_v{toolset}.jsonl")
     out = {"toolset": toolset, "tasks": len(tasks), "families": dict(Counter(t.family for t in tasks)),
-           "path": str(path), "role": "target" if toolset == settings.env.target_registry else "guard"}
+           "path": str(path), "role": "target" if toolset == settings.env.target_toolset else "guard"}
     log.info("built %d eval tasks for toolset v%s: %s", len(tasks), toolset, out["families"])
     return out
 

@@ -62,7 +62,7 @@ def validate_data(settings, rd, window: str | None = None) -> dict:
         return _nothing_to_do(rd, win, f"no production traces for {win} under {settings.monitor.traces}")
     verdict = DataVerdict.model_validate(check_production(
         settings, settings.monitor.traces, rd.path / "signals" / "monitor", win, champion=champion,
-        registry=settings.env.target_registry))
+        registry=settings.env.target_toolset))
     rd.write(verdict, "signals.json")
     with stage_run(settings, rd, "signals"):
         track_signals(tracker_of(settings), rd.path / "signals", verdict)
@@ -165,7 +165,7 @@ def monitor(settings, window: str | None = None, reference_days: int | None = No
         log.warning("%s: checking drift without the tool diff", e)
         champion = None
     verdict = check_production(s, settings.monitor.traces, out / "windows" / key, win, champion=champion,
-                               registry=settings.env.target_registry if champion else None)
+                               registry=settings.env.target_toolset if champion else None)
     announced = out / "announced" / f"{key}_{verdict.get('registry_hash') or 'none'}.json"
     verdict["new"] = verdict["retrain"] and not announced.exists()
     if verdict["new"]:

@@ -26,7 +26,7 @@ def test_defaults_load_from_the_shipped_yaml():
     assert (s.model.hidden_size, s.model.num_heads, s.model.max_len) == (128, 4, 512)
     assert (s.grpo.eps_low, s.grpo.eps_high, s.grpo.advantage) == (0.2, 0.28, "std")
     assert s.grpo.kl_coef == shipped["grpo"]["kl_coef"]
-    assert (s.env.champion_registry, s.env.target_registry) == ("1", "2")
+    assert (s.env.champion_toolset, s.env.target_toolset) == ("1", "2")
     assert s.rollout.backend == "vllm" and s.rollout.group_size == 8
     # fields the YAML leaves out keep their code defaults
     assert s.eval.seed == 1000 and s.ray.address is None

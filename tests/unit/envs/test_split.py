@@ -42,7 +42,7 @@ def training_contents(split) -> set:
     the bootstrap's demonstrations, all drawn from `split` (None: today's draw, any content)."""
     g, b, env = SETTINGS.grpo, SETTINGS.bootstrap, SETTINGS.env
     n_guard = round(g.tasks_per_step * g.guard_share)
-    target, guard = load_registry(env.target_registry), load_registry(env.champion_registry)
+    target, guard = load_registry(env.target_toolset), load_registry(env.champion_toolset)
     out = set()
     for step in GRPO_STEPS:
         seed = 1_000_000 + g.seed * 10_000 + step

@@ -13,9 +13,9 @@ from tasks.config import PROJECT_ROOT
 
 
 def test_params_map_onto_settings_fields():
-    params = {"target_registry": "2", "grpo_steps": 3, "eval_tasks": 16, "sft_steps": None, "force": True,
+    params = {"target_toolset": "2", "grpo_steps": 3, "eval_tasks": 16, "sft_steps": None, "force": True,
               "max_cost_usd": 0.5, "overrides": {"grpo.tasks_per_step": 4, "promotion.min_gain": 0.1}}
-    assert overrides_from_params(params) == {"env.target_registry": "2", "grpo.steps": 3, "eval.num_tasks": 16,
+    assert overrides_from_params(params) == {"env.target_toolset": "2", "grpo.steps": 3, "eval.num_tasks": 16,
                                              "promotion.max_cost_usd": 0.5, "grpo.tasks_per_step": 4,
                                              "promotion.min_gain": 0.1}
     s = settings_for(params)

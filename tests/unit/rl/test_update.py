@@ -1,4 +1,4 @@
-"""grpo_update on a tiny model: micro-batching is exact, zero-signal groups are skipped, the update moves
+"""grpo_step on a tiny model: micro-batching is exact, zero-signal groups are skipped, the update moves
 probability towards the better sample of a group."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 
 from tasks.config import load_settings
 from tasks.policy.model import build_model
-from tasks.rl.train import grpo_update
+from tasks.rl.train import grpo_step
 
 
 def _records(tok, n_groups=3, group=4):
@@ -40,8 +40,8 @@ def test_micro_batches_give_the_same_update_as_one_batch():
     model, tok = build_model(s_one.model)
     other = copy.deepcopy(model)
     recs = _records(tok)
-    m1 = grpo_update(model, torch.optim.SGD(model.parameters(), lr=0.1), recs, s_one, tok.pad_id)
-    m2 = grpo_update(other, torch.optim.SGD(other.parameters(), lr=0.1), recs, s_many, tok.pad_id)
+    m1 = grpo_step(model, torch.optim.SGD(model.parameters(), lr=0.1), recs, s_one, tok.pad_id)
+    m2 = grpo_step(other, torch.optim.SGD(other.parameters(), lr=0.1), recs, s_many, tok.pad_id)
     assert m2["micro_batches"] > m1["micro_batches"] == 1
     assert abs(m1["loss"] - m2["loss"]) < 1e-6 and m1["trained_tokens"] == m2["trained_tokens"]
     for p, q in zip(model.parameters(), other.parameters()):
@@ -55,7 +55,7 @@ def test_groups_without_signal_are_not_in_the_policy_gradient():
     for r in recs:
         if r["task_index"] == 0:
             r["reward"] = 1.0  # group 0: all equal, no advantage
-    m = grpo_update(model, torch.optim.AdamW(model.parameters(), lr=1e-2), recs, s, tok.pad_id)
+    m = grpo_step(model, torch.optim.AdamW(model.parameters(), lr=1e-2), recs, s, tok.pad_id)
     assert m["episodes_trained"] == 8 and m["episodes"] == 12
 
 
@@ -74,7 +74,7 @@ def test_update_raises_logprob_of_rewarded_samples():
     before = [seq_logp(r) for r in recs]
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     for _ in range(5):
-        grpo_update(model, opt, recs, s, tok.pad_id)
+        grpo_step(model, opt, recs, s, tok.pad_id)
     after = [seq_logp(r) for r in recs]
     assert after[1] > before[1] and after[0] < before[0]  # reward 1 vs reward 0
 
@@ -92,7 +92,7 @@ def test_guard_kl_weight_applies_to_guard_tasks_only():
 
     def loss(records, **grpo):
         m = copy.deepcopy(model)
-        return grpo_update(m, sgd(m), records, _settings(**base, **grpo), tok.pad_id, ref_model=ref)["loss"]
+        return grpo_step(m, sgd(m), records, _settings(**base, **grpo), tok.pad_id, ref_model=ref)["loss"]
 
     without_guard = [r for r in recs if r["task_index"] != 2]
     assert loss(recs, guard_kl_coef=2.0) > loss(recs) + 1e-4  # the guard's KL enters the loss
@@ -108,7 +108,7 @@ def test_demonstration_term_joins_the_update_with_its_weight():
 
     def updated(with_demos=True, **grpo):
         m = copy.deepcopy(model)
-        metrics = grpo_update(m, torch.optim.SGD(m.parameters(), lr=0.1), recs, _settings(max_grad_norm=1e9, **grpo),
+        metrics = grpo_step(m, torch.optim.SGD(m.parameters(), lr=0.1), recs, _settings(max_grad_norm=1e9, **grpo),
                               tok.pad_id, demos=demos if with_demos else None)
         return m, metrics
 
@@ -137,9 +137,9 @@ def test_update_runs_where_the_model_lives(device):
     recs, demos = _records(tok), demonstration_batch("desk", tok, 4, seed=5, max_len=512)
     cpu_model = copy.deepcopy(model)
     on_device = model.to(device)
-    m_dev = grpo_update(on_device, torch.optim.SGD(on_device.parameters(), lr=0.1), recs, s, tok.pad_id,
+    m_dev = grpo_step(on_device, torch.optim.SGD(on_device.parameters(), lr=0.1), recs, s, tok.pad_id,
                         ref_model=copy.deepcopy(ref).to(device), demos=demos)
-    m_cpu = grpo_update(cpu_model, torch.optim.SGD(cpu_model.parameters(), lr=0.1), recs, s, tok.pad_id,
+    m_cpu = grpo_step(cpu_model, torch.optim.SGD(cpu_model.parameters(), lr=0.1), recs, s, tok.pad_id,
                         ref_model=ref, demos=demos)
     assert all(p.device.type == device for p in on_device.parameters())
     assert abs(m_dev["loss"] - m_cpu["loss"]) < 1e-4 and abs(m_dev["demo_nll"] - m_cpu["demo_nll"]) < 1e-4
@@ -156,7 +156,7 @@ def test_one_minibatch_update_equals_the_update_with_a_separate_old_pass():
     model, tok = build_model(s.model)
     reference = copy.deepcopy(model)
     recs = _records(tok)
-    grpo_update(model, torch.optim.SGD(model.parameters(), lr=0.1), recs, s, tok.pad_id)
+    grpo_step(model, torch.optim.SGD(model.parameters(), lr=0.1), recs, s, tok.pad_id)
 
     adv = group_advantages([r["reward"] for r in recs], [r["task_index"] for r in recs])
     keep = [i for i, a in enumerate(adv) if abs(a) > 1e-8]
@@ -187,7 +187,7 @@ def test_kl_holds_a_saturated_guard_group():
     for r in guard:
         r["reward"], r["success"] = 1.0, True
     m = copy.deepcopy(model)
-    metrics = grpo_update(m, torch.optim.SGD(m.parameters(), lr=0.1), guard, _settings(**base), tok.pad_id, ref_model=ref)
+    metrics = grpo_step(m, torch.optim.SGD(m.parameters(), lr=0.1), guard, _settings(**base), tok.pad_id, ref_model=ref)
     assert metrics["episodes_trained"] == 0 and metrics["episodes_in_loss"] == 4
     assert metrics["loss"] > 1e-3 and metrics["kl"] > 1e-3
     assert metrics["trained_tokens"] == sum(sum(r["completion_mask"]) for r in guard)
@@ -199,7 +199,7 @@ def test_update_logs_kl_ratio_and_engine_gap_token_weighted():
     s = _settings(kl_coef=0.1)
     model, tok = build_model(s.model)
     recs = _records(tok)
-    m = grpo_update(copy.deepcopy(model), torch.optim.SGD(model.parameters(), lr=0.0), recs, s, tok.pad_id,
+    m = grpo_step(copy.deepcopy(model), torch.optim.SGD(model.parameters(), lr=0.0), recs, s, tok.pad_id,
                     ref_model=copy.deepcopy(model))
     assert m["kl"] == pytest.approx(0.0, abs=1e-9)  # the reference is the policy itself
     assert m["ratio_mean"] == pytest.approx(1.0)
@@ -217,7 +217,7 @@ def test_update_logs_kl_ratio_and_engine_gap_token_weighted():
     assert m["engine_logp_gap_mean"] == pytest.approx(sum(diffs) / len(diffs), rel=1e-4)
     assert m["engine_logp_gap_max"] == pytest.approx(max(diffs), rel=1e-4)
     s2 = _settings(minibatches=2)
-    m2 = grpo_update(copy.deepcopy(model), torch.optim.SGD(model.parameters(), lr=0.0), recs, s2, tok.pad_id)
+    m2 = grpo_step(copy.deepcopy(model), torch.optim.SGD(model.parameters(), lr=0.0), recs, s2, tok.pad_id)
     assert m2["clip_low_fraction"] == 0.0 and m2["clip_high_fraction"] == 0.0
 
 
@@ -227,7 +227,7 @@ def test_truncated_importance_sampling_changes_the_update_only_when_on():
 
     def updated(**grpo):
         m = copy.deepcopy(model)
-        grpo_update(m, torch.optim.SGD(m.parameters(), lr=0.1), recs, _settings(max_grad_norm=1e9, **grpo), tok.pad_id)
+        grpo_step(m, torch.optim.SGD(m.parameters(), lr=0.1), recs, _settings(max_grad_norm=1e9, **grpo), tok.pad_id)
         return torch.cat([p.detach().flatten() for p in m.parameters()])
 
     plain, capped = updated(), updated(engine_is_cap=2.0)
@@ -274,7 +274,7 @@ def _worker_update(rank, world, port, out_dir, demos_seed):
         recs[0]["reward"] = recs[1]["reward"] = recs[2]["reward"] = recs[3]["reward"] = 1.0  # one saturated group
         demos = demonstration_batch("desk", tok, 5, seed=demos_seed, max_len=512)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-        metrics = [grpo_update(model, opt, recs, s, tok.pad_id, ref_model=ref, demos=demos, rank=rank, world=world)
+        metrics = [grpo_step(model, opt, recs, s, tok.pad_id, ref_model=ref, demos=demos, rank=rank, world=world)
                    for _ in range(2)]
         if rank == 0:
             torch.save({"params": [p.detach().clone() for p in model.parameters()], "metrics": metrics},

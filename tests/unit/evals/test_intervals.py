@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from tasks.evals.bootstrap import mean_ci, paired_bootstrap
+from tasks.evals.intervals import mean_ci, paired_bootstrap
 
 
 def test_mean_ci_contains_the_mean():
