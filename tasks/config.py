@@ -1,4 +1,6 @@
-"""Typed pipeline settings: `include/config/pipeline.yaml`, overridden by `EVERGREEN_<SECTION>__<FIELD>`.
+"""Typed pipeline settings: `include/config/pipeline.yaml`, overridden by `EVERGREEN_<SECTION>__<FIELD>`
+(JSON for lists and objects, `null` for None), then by dotted overrides (`--set`, DAG params): pydantic-settings
+sources, merged deeply.
 
     from tasks.config import load_settings
     s = load_settings()                      # the shipped file plus environment overrides
@@ -11,11 +13,13 @@ from __future__ import annotations
 
 import json
 import os
+from contextvars import ContextVar
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Mapping
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
+from pydantic_settings.sources.utils import parse_env_vars
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = PROJECT_ROOT / "include" / "config" / "pipeline.yaml"
@@ -316,13 +320,6 @@ class SettingsError(ValueError):
     pass
 
 
-def _merge(base: dict, extra: dict) -> dict:
-    out = dict(base)
-    for k, v in extra.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
-
-
 def parse_value(text: str):
     """A value given as text (an EVERGREEN_* variable, `--set`): JSON when it is a list, an object or null
     (`[1, 2]`, `{"a": 1}`, `null`), else the text itself, which pydantic converts to the field's type."""
@@ -349,22 +346,41 @@ def nest(flat: dict[str, object]) -> dict:
     return nested
 
 
-def _env_overrides(environ) -> dict:
-    """EVERGREEN_GRPO__STEPS=3 -> {"grpo": {"steps": "3"}} (pydantic converts the type; JSON for lists,
-    objects and null: EVERGREEN_INGEST__REQUIRED_WORKLOADS='["lookup"]')."""
-    out: dict = {}
-    # top-level scalars (EVERGREEN_RUN_DIR) too; other EVERGREEN_ variables (EVERGREEN_CONFIG,
-    # EVERGREEN_S3_ENDPOINT_URL) are not settings fields and are left alone
-    top_level = {name.upper() for name, f in Settings.model_fields.items() if not isinstance(f.default, BaseModel)}
-    for key, value in environ.items():
-        if not key.startswith(ENV_PREFIX) or ("__" not in key and key[len(ENV_PREFIX):] not in top_level):
-            continue
-        path = key[len(ENV_PREFIX):].lower().split("__")
-        node = out
-        for part in path[:-1]:
-            node = node.setdefault(part, {})
-        node[path[-1]] = parse_value(value)
-    return out
+class _Env(EnvSettingsSource):
+    """EVERGREEN_<SECTION>__<FIELD> from a given mapping (os.environ, or {} for a run's resolved file)."""
+
+    def __init__(self, settings_cls, environ: Mapping[str, str]):
+        self._environ = environ
+        super().__init__(settings_cls)
+
+    def _load_env_vars(self):
+        # a misspelt section would be silently ignored by pydantic-settings; EVERGREEN_CONFIG and
+        # EVERGREEN_S3_ENDPOINT_URL (no `__`) are not settings and are left alone
+        for key in self._environ:
+            section = key[len(ENV_PREFIX):].split("__")[0].lower()
+            if key.upper().startswith(ENV_PREFIX) and "__" in key and section not in Settings.model_fields:
+                raise SettingsError(f"{key}: Evergreen settings have no section {section!r} "
+                                    f"(sections: {', '.join(Settings.model_fields)}); fix the variable's name")
+        return parse_env_vars(self._environ, self.case_sensitive, self.env_ignore_empty, self.env_parse_none_str)
+
+
+# the file and the environment of the load in progress: pydantic-settings builds sources in a classmethod
+_SOURCES: ContextVar[tuple[Path, Mapping[str, str]]] = ContextVar("evergreen_settings_sources")
+
+
+class _Sources(BaseSettings, Settings):
+    """Settings read through pydantic-settings' sources, highest first: `overrides`, then EVERGREEN_*
+    variables (nested with `__`; JSON for lists, objects; `null` for None), then the YAML file. Sources
+    merge deeply: a variable for one field leaves the file's other fields of its section alone."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, env_nested_delimiter="__", env_parse_none_str="null",
+                                      extra="forbid", validate_assignment=True)
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings,
+                                   file_secret_settings):
+        path, environ = _SOURCES.get()
+        return init_settings, _Env(settings_cls, environ), YamlConfigSettingsSource(settings_cls, yaml_file=path)
 
 
 def load_settings(path: str | Path | None = None, overrides: dict | None = None, environ=None) -> Settings:
@@ -374,10 +390,9 @@ def load_settings(path: str | Path | None = None, overrides: dict | None = None,
     path = Path(path or os.environ.get(ENV_PREFIX + "CONFIG", DEFAULT_CONFIG))
     if not path.exists():
         raise SettingsError(f"settings file {path} does not exist: fix the path (or {ENV_PREFIX}CONFIG)")
-    data = yaml.safe_load(path.read_text()) or {}
-    data = _merge(_merge(data, _env_overrides(os.environ if environ is None else environ)), overrides or {})
+    token = _SOURCES.set((path, os.environ if environ is None else environ))
     try:
-        return Settings.model_validate(data)
+        return Settings.model_validate(dict(_Sources(**(overrides or {}))))
     except ValidationError as e:
         lines = [f"invalid Evergreen settings (from {path}, {ENV_PREFIX}* variables and overrides):"]
         for err in e.errors():
@@ -388,3 +403,5 @@ def load_settings(path: str | Path | None = None, overrides: dict | None = None,
             env = ENV_PREFIX + "__".join(str(p).upper() for p in err["loc"])
             lines.append(f"  {where}: {err['msg']} (got {err.get('input')!r}); fix it in {path.name} or {env}")
         raise SettingsError("\n".join(lines)) from None
+    finally:
+        _SOURCES.reset(token)

@@ -1,4 +1,4 @@
-"""Bootstrap intervals (tasks/evals/bootstrap.py)."""
+"""Bootstrap intervals (tasks/evals/intervals.py)."""
 import numpy as np
 import pytest
 
