@@ -10,23 +10,21 @@ it becomes `champion` when the registry has none. With a champion already there 
 """
 from __future__ import annotations
 
-from airflow.sdk import Param, dag
+from airflow.sdk import Param
 
-from operators.defaults import DAG_DEFAULTS
+from operators.defaults import evergreen_dag
 from operators.stages import StageOperator
 from tasks.stages import models
 
-@dag(
-    dag_id="bootstrap_champion",
-    schedule=None,
-    doc_md=__doc__,
-    tags=["evergreen", "bootstrap", "mlflow"],
+
+@evergreen_dag(
+    __doc__,
+    tags=["bootstrap", "mlflow"],
     params={
         "force": Param(False, type="boolean", description="bootstrap even when a champion exists"),
         "sft_steps": Param(None, type=["null", "integer"], minimum=1, description="SFT steps (default bootstrap.steps)"),
         "overrides": Param({}, type="object", description='any setting, e.g. {"bootstrap.batch_size": 16}'),
     },
-    **DAG_DEFAULTS,
 )
 def bootstrap_champion():
     StageOperator(python_callable=models.bootstrap)

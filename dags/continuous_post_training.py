@@ -26,10 +26,10 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from airflow.sdk import AssetOrTimeSchedule, CronTriggerTimetable, Param, TaskGroup, dag
+from airflow.sdk import AssetOrTimeSchedule, CronTriggerTimetable, Param, TaskGroup
 
 from operators.assets import RETRAIN_REQUEST, retrain_file_drop, retrain_queue
-from operators.defaults import DAG_DEFAULTS, job_timeout
+from operators.defaults import evergreen_dag, job_timeout
 from operators.ray_cluster import RayClusterOperator
 from operators.ray_job import RayJobOperator
 from operators.stages import StageBranchOperator, StageOperator
@@ -45,11 +45,10 @@ def _toolset_kwargs(toolset: str) -> dict:
     return {"toolset": toolset}
 
 
-@dag(
-    dag_id="continuous_post_training",
+@evergreen_dag(
+    __doc__,
     schedule=AssetOrTimeSchedule(timetable=CronTriggerTimetable("0 2 * * *", timezone="UTC"), assets=_assets),
-    doc_md=__doc__,
-    tags=["evergreen", "training", "ray", "mlflow"],
+    tags=["training", "ray", "mlflow"],
     params={
         "target_toolset": Param(None, type=["null", "string"], description="toolset the agent must serve (default: env.target_toolset)"),
         "grpo_steps": Param(None, type=["null", "integer"], minimum=1, description="GRPO updates (default: grpo.steps)"),
@@ -59,7 +58,6 @@ def _toolset_kwargs(toolset: str) -> dict:
         "overrides": Param({}, type="object", description='any setting, e.g. {"grpo.tasks_per_step": 8}'),
         "fail_training_at_step": Param(None, type=["null", "integer"], description="failure drill: GRPO raises at this step"),
     },
-    **DAG_DEFAULTS,
 )
 def continuous_post_training():
     run = StageOperator(python_callable=report.open_run)

@@ -15,23 +15,22 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from airflow.sdk import Metadata, Param, dag, task
+from airflow.sdk import Metadata, Param, task
 
 from operators.assets import RETRAIN_REQUEST
-from operators.defaults import DAG_DEFAULTS
+from operators.defaults import evergreen_dag
 from operators.stages import StageOperator
 from tasks.stages import signals
 
-@dag(
-    dag_id="drift_monitor",
+
+@evergreen_dag(
+    __doc__,
     schedule="@hourly",
-    doc_md=__doc__,
-    tags=["evergreen", "signals", "drift"],
+    tags=["signals", "drift"],
     params={
         "window": Param(None, type=["null", "string"], description="START/END of the current window (default: last whole days)"),
         "reference_days": Param(None, type=["null", "integer"], minimum=1, description="days before the window to compare with"),
     },
-    **DAG_DEFAULTS,
 )
 def drift_monitor():
     verdict = StageOperator(python_callable=signals.monitor, retries=2, retry_delay=timedelta(minutes=1)).output

@@ -6,22 +6,20 @@ once per DAG run, with the reason tagged on the version. Refuses unless `confirm
 """
 from __future__ import annotations
 
-from airflow.sdk import Param, dag
+from airflow.sdk import Param
 
-from operators.defaults import DAG_DEFAULTS
+from operators.defaults import evergreen_dag
 from operators.stages import StageOperator
 from tasks.stages import promotion
 
-@dag(
-    dag_id="rollback",
-    schedule=None,
-    doc_md=__doc__,
-    tags=["evergreen", "model-registry", "mlflow"],
+
+@evergreen_dag(
+    __doc__,
+    tags=["model-registry", "mlflow"],
     params={
         "confirm": Param(False, type="boolean", description="must be true: this moves the production alias"),
         "reason": Param("", type="string", description="why (tagged on the version)"),
     },
-    **DAG_DEFAULTS,
 )
 def rollback():
     # retries are safe: the move is journalled per run (tasks.promotion.registry)

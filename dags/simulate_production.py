@@ -8,23 +8,21 @@ Manual only; `make demo` runs it. Not part of a production deployment.
 """
 from __future__ import annotations
 
-from airflow.sdk import Param, dag
+from airflow.sdk import Param
 
-from operators.defaults import DAG_DEFAULTS
+from operators.defaults import evergreen_dag
 from operators.stages import StageOperator
 from tasks.stages import simulate
 
-@dag(
-    dag_id="simulate_production",
-    schedule=None,
-    doc_md=__doc__,
-    tags=["evergreen", "demo"],
+
+@evergreen_dag(
+    __doc__,
+    tags=["demo"],
     params={
         "days": Param(2, type="integer", minimum=1, maximum=14),
         "tool_change": Param(True, type="boolean"),
         "overrides": Param({}, type="object", description='any setting, e.g. {"simulate.traces": 600}'),
     },
-    **DAG_DEFAULTS,
 )
 def simulate_production():
     StageOperator(python_callable=simulate.simulate_production)

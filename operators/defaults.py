@@ -1,4 +1,4 @@
-"""What every Evergreen DAG shares: `@dag(..., **DAG_DEFAULTS)`.
+"""What every Evergreen DAG shares: `@evergreen_dag(__doc__, tags=[...], params={...})`.
 
 One set of defaults for the five DAGs: no catch-up of missed intervals (a missed nightly run is not worth
 three queued ones), one run at a time (a second trigger queues, it is not lost), owner and retries on
@@ -14,6 +14,14 @@ DAG_DEFAULTS = {
     "max_active_runs": 1,
     "default_args": {"owner": "evergreen", "retries": 1, "retry_delay": timedelta(seconds=30)},
 }
+
+
+def evergreen_dag(doc: str, *, tags: list[str], params: dict, schedule=None):
+    """Airflow's `@dag` with the shared defaults, the module docstring as the DAG's doc and the `evergreen`
+    tag; the DAG id is the decorated function's name."""
+    from airflow.sdk import dag
+
+    return dag(schedule=schedule, doc_md=doc, tags=["evergreen", *tags], params=params, **DAG_DEFAULTS)
 
 
 def job_timeout() -> timedelta:

@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,19 +27,10 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tasks.net import free_port, port_busy
+
 PROJECT = Path(__file__).resolve().parents[1]
 USER = "evergreen"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _port_busy(port: int) -> bool:
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 class ApiClient:
@@ -254,7 +244,7 @@ class Stack:
 
     def start(self, progress=print) -> "Stack":
         for port, what in ((self.api_port, "Airflow api-server"), (self.mlflow_port, "MLflow")):
-            if _port_busy(port):
+            if port_busy(port):
                 raise RuntimeError(f"port {port} for {what} is taken: stop whatever listens there "
                                    f"(`python scripts/stack.py down` if it is a stack left running)")
         (self.home / "logs").mkdir(parents=True, exist_ok=True)

@@ -20,6 +20,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from tasks.net import free_port
+
 log = logging.getLogger(__name__)
 
 
@@ -69,14 +71,6 @@ class LocalHead:
         return len(procs)
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def start_local_head(temp_dir: str | Path, port: int = 6390, num_cpus: int | None = None,
                      dashboard_port: int | None = 8265, timeout: float = 60.0) -> LocalHead:
     """`ray start --head` bound to 127.0.0.1 with its own temp dir; returns once it accepts drivers."""
@@ -101,7 +95,7 @@ def start_local_head(temp_dir: str | Path, port: int = 6390, num_cpus: int | Non
         # the job agent's default port (52365) is one per machine: a second head with a dashboard would have no
         # job agent, and every job submitted to it fails with "No available agent to submit job"
         cmd += ["--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard_port}",
-                f"--dashboard-agent-listen-port={_free_port()}"]
+                f"--dashboard-agent-listen-port={free_port()}"]
     else:
         cmd += ["--include-dashboard=false"]
     t0 = time.time()

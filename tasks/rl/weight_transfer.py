@@ -31,6 +31,8 @@ from typing import Any, ClassVar
 
 import torch
 
+from tasks.net import free_port
+
 GLOO = "gloo"
 
 
@@ -181,14 +183,6 @@ def _register_gloo() -> None:
     WeightTransferTrainerFactory.register_engine(GLOO, GlooTrainerWeightTransferEngine)
 
 
-def _free_port(host: str) -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
-
-
 def engine_transfer_config(backend: str):
     """The `weight_transfer_config` an engine is built with: vLLM's own "nccl", or our "gloo"."""
     from vllm.config.weight_transfer import WeightTransferConfig
@@ -280,7 +274,7 @@ class CollectiveWeightSync:
         if self.backend == "nccl":
             from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
 
-            info = NCCLTrainerInitInfo(master_address=host, master_port=_free_port(host), world_size=world, rank=0)
+            info = NCCLTrainerInitInfo(master_address=host, master_port=free_port(host), world_size=world, rank=0)
         elif self.backend == "ipc":  # same GPU: the engines map the trainer's tensors through CUDA IPC handles
             from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerInitInfo
 

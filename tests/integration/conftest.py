@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from tasks.net import free_port
+
 # Ray reads its auth mode and token when it is first imported, and an explicit cluster address never
 # turns token auth on by itself: give this test run's head a token before anything imports ray.
 RAY_TEMP_DIR = f"/tmp/eg-ray-{os.getpid()}"
@@ -29,12 +31,6 @@ _token = Path(RAY_TEMP_DIR) / "auth_token"
 _token.write_text(secrets.token_hex(32))
 _token.chmod(0o600)
 os.environ.update({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(_token)})
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="session")
@@ -47,7 +43,7 @@ def ray_head(tmp_path_factory):
     os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
     temp_dir = RAY_TEMP_DIR
     # 4 logical CPUs on 2 cores: the session pool (2 x 0.5) and a training run (1 + 2 x 0.5) may overlap
-    head = start_local_head(temp_dir, port=_free_port(), num_cpus=4, dashboard_port=None)
+    head = start_local_head(temp_dir, port=free_port(), num_cpus=4, dashboard_port=None)
     # the head's auth token and address, for this driver and the subprocesses it starts (Ray's own
     # helpers look the cluster up by RAY_ADDRESS and fail if several clusters run on the machine)
     os.environ.update(head.env, RAY_ADDRESS=head.address)
@@ -95,7 +91,7 @@ def s3(tmp_path_factory):
     """moto in server mode: a real HTTP S3 endpoint that boto3 talks to like any S3-compatible store."""
     import boto3
 
-    port = _free_port()
+    port = free_port()
     log = open(tmp_path_factory.mktemp("moto") / "moto.log", "w")
     proc = subprocess.Popen([str(Path(sys.executable).with_name("moto_server")), "-H", "127.0.0.1", "-p", str(port)],
                             stdout=log, stderr=subprocess.STDOUT)
@@ -135,7 +131,7 @@ def mlflow_server(s3, tmp_path_factory):
 
     home = tmp_path_factory.mktemp("mlflow")
     s3.create_bucket(Bucket="mlflow-artifacts")
-    port = _free_port()
+    port = free_port()
     uri = f"http://127.0.0.1:{port}"
     log = open(home / "server.log", "w")
     env = {**os.environ, "MLFLOW_S3_ENDPOINT_URL": os.environ["EVERGREEN_S3_ENDPOINT_URL"]}

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from tasks.config import load_settings
+from tasks.net import free_port
 from tasks.policy.model import build_model
 from tasks.rl.train import grpo_step
 
@@ -283,21 +284,13 @@ def _worker_update(rank, world, port, out_dir, demos_seed):
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_two_gloo_workers_make_the_same_update_as_one(tmp_path):
     """Whole groups per rank, global token means, one all-reduce per optimizer step: 2 workers (gloo, CPU)
     give one worker's update to float tolerance (on the old code each rank saw half of every group)."""
     import torch.multiprocessing as mp
 
     for world in (1, 2):
-        mp.spawn(_worker_update, args=(world, _free_port(), str(tmp_path), 5), nprocs=world, join=True)
+        mp.spawn(_worker_update, args=(world, free_port(), str(tmp_path), 5), nprocs=world, join=True)
     one, two = torch.load(tmp_path / "world1.pt"), torch.load(tmp_path / "world2.pt")
     for p, q in zip(one["params"], two["params"]):
         assert torch.allclose(p, q, atol=1e-5), float((p - q).abs().max())
