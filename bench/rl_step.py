@@ -44,6 +44,7 @@ def main() -> None:
 
     from tasks.config import load_settings
     from tasks.envs import desk, new_episode
+    from tasks.envs.toolset import load_toolset
     from tasks.policy.backends import HFBackend, Sampling
     from tasks.policy.model import build_model, load_model, save_model, state_dict_cpu
     from tasks.rl.records import episode_record
@@ -58,7 +59,7 @@ def main() -> None:
         model_dir = save_model(model, tok, settings.run_dir / "bench-random-model")
     model, tok, model_dir = load_model(model_dir)
     torch.set_num_threads(os.cpu_count())
-    tasks = desk.generate_tasks(n_tasks, 4242, desk.load_registry(settings.env.target_toolset), split="train")
+    tasks = desk.generate_tasks(n_tasks, 4242, load_toolset(settings.env.target_toolset), split="train")
     limits = {"max_turns": settings.env.max_turns, "max_tokens_per_turn": settings.env.max_tokens_per_turn,
               "max_len": settings.model.max_len}
     sampling = Sampling(temperature=settings.rollout.temperature, seed=1)

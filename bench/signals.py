@@ -69,7 +69,7 @@ def parse_peer_ratio(lines: list[bytes], rows: int = 5000) -> dict:
     """Rows/s of the ingest row check against stdlib json + jsonschema on the same rows."""
     import jsonschema
 
-    from tasks.signals.ingest import SCHEMA_PATH, RowParser
+    from tasks.signals.rows import SCHEMA_PATH, RowParser
 
     sample = (lines * (rows // len(lines) + 1))[:rows]
     parser = RowParser(1 << 20)
@@ -100,7 +100,8 @@ def main() -> None:
             (d / f"traces-{n}.jsonl").unlink()
             (d / f"out-{n}" / "accepted" / "part-00000.jsonl").unlink()
         from tasks.config import load_settings
-        from tasks.signals.drift import WindowStats, compare
+        from tasks.signals.drift import compare
+        from tasks.signals.windowstats import WindowStats
 
         t = time.perf_counter()
         ref = WindowStats.from_dict(json.loads((d / f"out-{small}" / "stats.json").read_text()))

@@ -1,9 +1,9 @@
 """Evergreen's command line: each step of the loop without Airflow.
 
-    python -m tasks bootstrap --out runs/local/champion            # SFT the first champion (registry v1)
-    python -m tasks eval --model runs/local/champion --registry 1 2 [--against OTHER_MODEL]
+    python -m tasks bootstrap --out runs/local/champion            # SFT the first champion (toolset v1)
+    python -m tasks eval --model runs/local/champion --toolset 1 2 [--against OTHER_MODEL]
     python -m tasks --set eval.split=dev eval --model M             # the dev split (tuning), not the gate's
-    python -m tasks rollout --model runs/local/champion --registry 2 --tasks 8 --out runs/local/rollouts
+    python -m tasks rollout --model runs/local/champion --toolset 2 --tasks 8 --out runs/local/rollouts
     python -m tasks train --init runs/local/champion --run-dir runs/local/grpo
     python -m tasks demo                                           # the DAGs' stages in one process
     python -m tasks --set grpo.steps=5 settings                    # the effective settings, as JSON
@@ -50,15 +50,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE")
     parser.add_argument("-v", "--verbose", action="store_true")
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("bootstrap", help="SFT the tiny model into a registry-v1 champion")
+    p = sub.add_parser("bootstrap", help="SFT the tiny model into a toolset-v1 champion")
     p.add_argument("--out", required=True)
     p = sub.add_parser("eval", help="held-out success (greedy and sampled) with bootstrap intervals")
     p.add_argument("--model", required=True)
     p.add_argument("--against", help="second model: paired-bootstrap difference model - against")
-    p.add_argument("--registry", nargs="+", default=["1", "2"])
+    p.add_argument("--toolset", nargs="+", default=["1", "2"])
     p = sub.add_parser("rollout", help="one rollout batch on Ray; records written under --out")
     p.add_argument("--model", required=True)
-    p.add_argument("--registry", default="2")
+    p.add_argument("--toolset", default="2")
     p.add_argument("--tasks", type=int, default=8)
     p.add_argument("--out", required=True)
     p = sub.add_parser("train", help="GRPO on Ray Train from --init; resumes from --run-dir's checkpoints")
@@ -127,7 +127,7 @@ def _ray_command(args, settings) -> int:
 
         env = get_env(settings.env.name)
         pool = RolloutPool(args.model, settings)
-        tasks = env.generate_tasks(args.tasks, settings.grpo.seed, env.load_registry(args.registry), split="train")
+        tasks = env.generate_tasks(args.tasks, settings.grpo.seed, env.load_toolset(args.toolset), split="train")
         records = pool.run_batch(tasks, settings.rollout.group_size, args.out, seed=settings.grpo.seed)
         print(json.dumps({"episodes": len(records), "success_rate": sum(r["success"] for r in records) / len(records),
                           "mean_reward": sum(r["reward"] for r in records) / len(records), "out": args.out}))
@@ -137,14 +137,14 @@ def _ray_command(args, settings) -> int:
         from tasks.evals.harness import compare
 
         pool = RolloutPool(args.model, settings)
-        first = _evaluate_pool(pool, settings, args.registry)
+        first = _evaluate_pool(pool, settings, args.toolset)
         out = {reg: first[reg].summary("sampled_success") | {"greedy": first[reg].summary("greedy_success")["mean"]}
-               for reg in args.registry}
+               for reg in args.toolset}
         if args.against:
             pool.load_weights(load_file(Path(args.against) / "model.safetensors"), version=-1)
-            second = _evaluate_pool(pool, settings, args.registry)
+            second = _evaluate_pool(pool, settings, args.toolset)
             out = {reg: {key: compare(first[reg], second[reg], key) for key in ("greedy_success", "sampled_success")}
-                   for reg in args.registry}
+                   for reg in args.toolset}
         print(json.dumps(out))
     return 0
 

@@ -1,10 +1,11 @@
 """The embedded default environment: a desk of deterministic tools (arithmetic, unit conversion, city facts).
 
-Tasks are generated deterministically from a seed, either with the tools of a registry file
-(`include/tools/registry_v*.json`) or, for the bootstrap, with random tool and argument names, random
-argument types and shuffled tool order, so that the policy learns to *read* the schema in its prompt.
+Tasks are generated deterministically from a seed, either with the tools of a toolset (a version of the
+tool registry, read by tasks.envs.toolset.load_toolset; desk ships `include/tools/registry_v*.json`) or,
+for the bootstrap, with random tool and argument names, random argument types and shuffled tool order,
+so that the policy learns to *read* the schema in its prompt.
 
-The tool service behind registry version 1 is lenient about value formats: it accepts an operation as a
+The tool service behind toolset version 1 is lenient about value formats: it accepts an operation as a
 word or a symbol ("add" or "+"), a unit as a name or a symbol ("kilometers" or "km"), a city key in
 any case. Version 2 renames tools and arguments, retypes the calculator's operands to strings (all
 visible in the schema) and, like many real API upgrades, becomes strict about canonical codes: symbols
@@ -22,6 +23,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from tasks.envs.base import Task, ToolError
+from tasks.envs.toolset import load_toolset
 
 FAMILIES = ("calc", "convert", "lookup")
 OPS = {"add": ("+", "plus", lambda a, b: a + b), "sub": ("-", "minus", lambda a, b: a - b),
@@ -48,7 +50,7 @@ SPLITS = (("eval", 0.25), ("dev", 0.15), ("train", 0.60))  # share of the conten
 # lookup split has every city and every field in train and every field in eval and in dev, at the nominal
 # shares (9 eval, 5 dev, 22 train); tests/unit/envs/test_split.py checks it whenever the tables change.
 SPLIT_SALT = 173
-REGISTRY_DIR = Path(__file__).resolve().parents[2] / "include" / "tools"
+TOOLSET_DIR = Path(__file__).resolve().parents[2] / "include" / "tools"  # the shipped toolsets, registry_v{N}.json
 
 _NAME_WORDS = ["get", "run", "do", "calc", "compute", "convert", "lookup", "find", "query", "tool", "fn", "api",
                "read", "eval", "math", "unit", "city", "data", "fetch", "apply", "info", "table", "op", "util"]
@@ -57,16 +59,6 @@ _ARG_WORDS = ["a", "b", "x", "y", "n", "m", "lhs", "rhs", "left", "right", "firs
               "field", "attr", "kind", "what", "op", "mode", "action", "item", "id", "p", "q", "arg"]
 _DESCRIPTIONS = {"calc": ["Arithmetic", "Math", "Calculator"], "convert": ["Unit conversion", "Units", "Convert units"],
                  "lookup": ["City facts", "City lookup", "City table"]}
-
-
-def load_registry(path_or_version: str | Path) -> dict:
-    """A registry document from a file path, or from the shipped `include/tools/registry_v{N}.json`."""
-    path = Path(path_or_version)
-    if not path.suffix:
-        path = REGISTRY_DIR / f"registry_v{path_or_version}.json"
-    if not path.exists():
-        raise FileNotFoundError(f"tool registry {path} not found: pass a registry JSON file or a shipped version (1, 2)")
-    return json.loads(path.read_text())
 
 
 def _tool_bindings(tools: list[dict]) -> dict:
@@ -81,7 +73,7 @@ def _tool_bindings(tools: list[dict]) -> dict:
 
 
 class DeskService:
-    """Executes desk tool calls; `strict` is the registry-v2 behaviour (canonical codes only).
+    """Executes desk tool calls; `strict` is the toolset-v2 behaviour (canonical codes only).
 
     `family` and `solution` (the generator's canonical values) let `solves` tell a call that solves the
     task from one that only returns the right value (an echo such as answer + 0 or km -> km)."""
@@ -251,7 +243,7 @@ def _random_name(rng: random.Random, words: list[str], max_len: int) -> str:
 def _random_tools(rng: random.Random) -> list[dict]:
     """Tools with random names, argument names and operand types (bootstrap only).
 
-    Tools keep the registries' family order (arithmetic, units, city facts), as the shipped registries do.
+    Tools keep the toolsets' family order (arithmetic, units, city facts), as the shipped toolsets do.
     """
     tools, used = [], set()
     for family in FAMILIES:
@@ -276,15 +268,15 @@ def _random_tools(rng: random.Random) -> list[dict]:
     return tools
 
 
-def generate_tasks(n: int, seed: int, registry: dict | None = None, families: tuple[str, ...] = FAMILIES,
+def generate_tasks(n: int, seed: int, toolset: dict | None = None, families: tuple[str, ...] = FAMILIES,
                    offer: str = "routed", split: str | None = None) -> list[Task]:
-    """`n` tasks, deterministic in `seed`. With `registry` the tools are the registry's; without, random.
+    """`n` tasks, deterministic in `seed`. With `toolset` (load_toolset's) the tools are its; without, random.
 
     split ("train", "dev", "eval") redraws each task until its content is in that split; None draws any
     content (production traffic, which knows no splits).
 
     offer="routed" (default) offers the tools of the task's workload only, as a tool router in front of
-    the agent does; offer="all" offers every tool of the registry. The tiny default model reads one
+    the agent does; offer="all" offers every tool of the toolset. The tiny default model reads one
     schema reliably within a bootstrap budget of minutes; choosing among several is left to bigger ones.
     """
     if offer not in ("routed", "all"):
@@ -292,17 +284,17 @@ def generate_tasks(n: int, seed: int, registry: dict | None = None, families: tu
     if split is not None and split not in dict(SPLITS):
         raise ValueError(f"split={split!r}: use one of {[name for name, _ in SPLITS]} or None")
     rng = random.Random(seed)
-    version = registry["version"] if registry else "random"
+    version = toolset["version"] if toolset else "random"
     out = []
     for i in range(n):
         family = families[i % len(families)]
         question, sol = _question_and_values(family, rng)
         while split is not None and split_of(family, sol["values"]) != split:
             question, sol = _question_and_values(family, rng)
-        tools = registry["tools"] if registry else _random_tools(rng)
+        tools = toolset["tools"] if toolset else _random_tools(rng)
         if offer == "routed":
             tools = [t for t in tools if t.get("x-evergreen-handler") == family]
-        strict = registry is not None and int(registry["version"]) >= STRICT_FROM_VERSION
+        strict = toolset is not None and int(toolset["version"]) >= STRICT_FROM_VERSION
         out.append(Task(
             task_id=f"desk-r{version}-s{seed}-{i}" if split is None else f"desk-r{version}-{split}-s{seed}-{i}",
             env="desk", family=family, question=question, tools=tools,
@@ -336,5 +328,6 @@ def demonstration(task: Task, rng: random.Random) -> list[str]:
 
 
 @lru_cache(maxsize=None)
-def registry_tasks(version: str, n: int, seed: int) -> tuple[Task, ...]:
-    return tuple(generate_tasks(n, seed, load_registry(version)))
+def toolset_tasks(version: str, n: int, seed: int) -> tuple[Task, ...]:
+    """`n` tasks (seed `seed`) with the tools of desk's shipped toolset `version`; cached."""
+    return tuple(generate_tasks(n, seed, load_toolset(version, "desk")))

@@ -1,6 +1,6 @@
 """Evaluate a policy on a held-out task set, and compare two policies on the same tasks.
 
-    python -m tasks eval --model runs/local/champion --registry 2
+    python -m tasks eval --model runs/local/champion --toolset 2
 
 Fixed seeds throughout: the tasks come from `eval.seed`, greedy decoding is deterministic, and sampled
 attempts use per-(task, attempt) seeds, so two models meet exactly the same tasks and the comparison

@@ -40,7 +40,7 @@ def save_model(model, tokenizer: CharTokenizer, directory: str | Path, registry:
     """Write atomically: a half-written model directory is never visible under its final name.
 
     `registry` is the tool registry the model was trained for, kept beside the weights so that a
-    later tool change can be diffed against it (tasks.signals.tools.registry_of_model).
+    later tool change can be diffed against it (tasks.envs.toolset.toolset_of_model).
     """
     directory = Path(directory)
     directory.parent.mkdir(parents=True, exist_ok=True)

@@ -39,17 +39,16 @@ def apply_decision(settings, decision, cost: dict, comparisons: dict[str, dict],
                    tracker=None, version_tags: dict | None = None) -> dict:
     """Register the run's `model` artifact (once per run_key), make it `challenger`, then move the aliases
     or record why not."""
-    from tasks.envs import get_env
     from tasks.promotion.registry import ModelRegistry
-    from tasks.signals.tools import schema_hash
+    from tasks.signals.toolset_hash import schema_hash
 
     target_reg = settings.env.target_toolset
     target = comparisons[target_reg]
     gain_points = 100.0 * target["difference"]["mean"]
-    registry_hash = schema_hash(get_env(settings.env.name).load_registry(target_reg))
+    registry_hash = schema_hash(target_reg, settings.env.name)  # the one loader: the monitor's hash of it too
     registry = ModelRegistry(settings.promotion.model_name)
     version = registry.register(run_id, "model", run_key=run_key, tags={
-        "evergreen.registry_hash": registry_hash,
+        "evergreen.registry_hash": registry_hash,  # the toolset's hash; tag name kept: existing versions carry it
         "evergreen.eval_target": f"{target['challenger']['mean']:.4f}",
         "evergreen.gain_points": f"{gain_points:.2f}",
         "evergreen.cost_usd": f"{cost['total_usd']:.6f}", **(version_tags or {})})

@@ -1,7 +1,7 @@
 """Rollouts on Ray: actors that each own one generation engine, and a pool that shards a batch over them.
 
     pool = RolloutPool(model_dir, settings)          # starts settings.rollout.num_workers actors
-    records = pool.run_batch(tasks, group_size=8, policy_version=0, out_dir=run_dir / "rollouts")
+    records = pool.run_batch(tasks, group_size=8, out_dir=run_dir / "rollouts", seed=0)   # at pool.policy_version
     pool.sync_weights(state_dict, version=1)          # every engine holds the new weights, policy_version 1
 
 A batch is `len(tasks) * group_size` episodes, cut into shards (two per actor, so a lost actor costs

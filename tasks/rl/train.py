@@ -1,7 +1,7 @@
 """GRPO training on Ray Train: the RL loop runs inside a TorchTrainer worker (gloo on CPU; on a GPU with
 `grpo.gpus_per_train_worker` > 0, NCCL between workers).
 
-    python -m tasks train --init runs/local/champion --out runs/local/challenger
+    python -m tasks train --init runs/local/champion --run-dir runs/local/grpo    # challenger: <run-dir>/model
 
 Each step: sample tasks (target registry, plus a guard share from the champion's registry) → rollouts
 on the pool's engines (G samples per task) → one GRPO update → the new weights go into every engine
@@ -55,9 +55,9 @@ def training_tasks(settings, step: int) -> list:
     env, g = get_env(settings.env.name), settings.grpo
     n_guard = guard_count(g)
     seed = 1_000_000 + g.seed * 10_000 + step
-    target = env.generate_tasks(g.tasks_per_step - n_guard, seed, env.load_registry(settings.env.target_toolset),
+    target = env.generate_tasks(g.tasks_per_step - n_guard, seed, env.load_toolset(settings.env.target_toolset),
                                 split="train")
-    guard = env.generate_tasks(n_guard, seed + 500_000, env.load_registry(settings.env.champion_toolset),
+    guard = env.generate_tasks(n_guard, seed + 500_000, env.load_toolset(settings.env.champion_toolset),
                                split="train") if n_guard else []
     return target + guard
 
@@ -287,7 +287,7 @@ def grpo_loop(config: dict) -> None:
     metrics_path = run_dir / "metrics.jsonl"
     if rank == 0:
         keep_metrics(metrics_path, start)
-    champion_toolset = get_env(settings.env.name).load_registry(settings.env.champion_toolset)
+    champion_toolset = get_env(settings.env.name).load_toolset(settings.env.champion_toolset)
     for step in range(start, g.steps):
         t0 = time.time()
         records = None
@@ -324,7 +324,7 @@ def grpo_loop(config: dict) -> None:
         ray.train.report(m, **report_kwargs)
     if rank == 0:
         save_model(getattr(model, "module", model), tokenizer, run_dir / "model",
-                   registry=get_env(settings.env.name).load_registry(settings.env.target_toolset))
+                   registry=get_env(settings.env.name).load_toolset(settings.env.target_toolset))
         if config.get("actors"):
             pool.close_transfer()  # the engines go back to their owner, who opens its own group
         else:

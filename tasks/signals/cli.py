@@ -4,7 +4,7 @@
     python -m tasks drift --reference REF --current CUR [--reference-window W] [--current-window W] [--out FILE]
     python -m tasks drift --current TRACES --current-window 2026-12-01 --reference-days 7
     python -m tasks monitor --input PATH --window 2026-12-01 --champion DIR --registry SRC --output DIR
-    python -m tasks tooldiff OLD NEW            # registry files, s3:// objects, OpenAPI documents, or versions 1, 2
+    python -m tasks tooldiff OLD NEW            # toolset files, s3:// objects, OpenAPI documents, or versions 1, 2
     python -m tasks simulate --out DIR --start 2026-11-20 --end 2026-11-24 --traces 2000 --change-at 2026-11-22
 
 REF and CUR are ingest outputs (a directory with stats.json) or trace inputs, which are then ingested
@@ -34,14 +34,14 @@ def add_parsers(sub) -> None:
     p.add_argument("--reference-days", type=int,
                    help="reference = the N days before the current window's start (same input if --reference is omitted)")
     p.add_argument("--out", help="also write the report (JSON) here")
-    p = sub.add_parser("monitor", help="ingest a window, drift against the days before it, diff the tool registry")
+    p = sub.add_parser("monitor", help="ingest a window, drift against the days before it, diff the toolsets")
     p.add_argument("--input", required=True)
     p.add_argument("--window", required=True, help="the current window (START/END or a date)")
     p.add_argument("--output", required=True)
     p.add_argument("--champion", help="model directory (or s3:// prefix) holding tool_registry.json")
-    p.add_argument("--registry", help="the registry in production now: file, s3://, http(s):// OpenAPI, or version")
+    p.add_argument("--registry", help="the toolset in production now: file, s3://, http(s):// OpenAPI, or version")
     p.add_argument("--reference", help="reference input or ingest output (default: the days before, same input)")
-    p = sub.add_parser("tooldiff", help="breaking and non-breaking changes between two tool registries")
+    p = sub.add_parser("tooldiff", help="breaking and non-breaking changes between two toolsets")
     p.add_argument("old")
     p.add_argument("new")
     p = sub.add_parser("simulate", help="write simulated production traces with a tool change at a known time")
@@ -62,7 +62,7 @@ COMMANDS = ("ingest", "drift", "tooldiff", "simulate", "monitor")
 
 def run(args, settings) -> int:
     from tasks.data.validation import BatchValidationError
-    from tasks.signals.ingest import Window
+    from tasks.signals.traces import Window
 
     try:
         if args.command == "ingest":
@@ -75,11 +75,11 @@ def run(args, settings) -> int:
             from tasks.signals.monitor import check_production
 
             print(json.dumps(check_production(settings, args.input, args.output, Window.parse(args.window),
-                                              champion=args.champion, registry=args.registry, reference=args.reference)))
+                                              champion=args.champion, toolset=args.registry, reference=args.reference)))
         elif args.command == "tooldiff":
-            from tasks.signals.tools import diff_registries, load_registry
+            from tasks.signals.tooldiff import diff_toolsets
 
-            print(json.dumps(diff_registries(load_registry(args.old), load_registry(args.new)).to_dict()))
+            print(json.dumps(diff_toolsets(args.old, args.new, settings.env.name).to_dict()))
         elif args.command == "simulate":
             from tasks.signals.simulate import simulate_traces
 
@@ -103,8 +103,8 @@ def run(args, settings) -> int:
 
 def _drift(args, settings) -> dict:
     from tasks.signals.drift import compare
-    from tasks.signals.ingest import Window
     from tasks.signals.monitor import window_stats
+    from tasks.signals.traces import Window
 
     current_window = Window.parse(args.current_window)
     reference_window = current_window.days_before(args.reference_days) if args.reference_days \

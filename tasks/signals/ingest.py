@@ -1,16 +1,17 @@
 """Read production traces, validate them, quarantine bad rows, and summarise the window for drift tests.
 
-    from tasks.signals.ingest import ingest, Window
+    from tasks.signals.ingest import ingest
+    from tasks.signals.traces import Window
     summary = ingest("s3://bucket/traces/", "runs/x/ingest", settings, Window.parse("2026-12-01/2026-12-02"))
     # or: python -m tasks ingest --input PATH --output DIR [--window START/END]
 
-Input: JSONL files (optionally `.gz`) under a local directory or an `s3://` prefix, or one file. Files in
-date-partitioned paths (`.../2026-12-01/...`, `date=2026-12-01`, `2026/12/01`) outside the window are
-not opened; undated files always are. Everything is streamed in chunks of `ingest.chunk_rows` rows, so
-memory does not grow with the input (the duplicate check keeps 8 bytes per accepted trace id).
+Input: JSONL files (optionally `.gz`) under a local directory or an `s3://` prefix, or one file; files
+of date partitions outside the window are not opened (reading: tasks.signals.traces). Everything is
+streamed in chunks of `ingest.chunk_rows` rows, so memory does not grow with the input (the duplicate
+check keeps 8 bytes per accepted trace id).
 
 Per row (in this order; the first failure is the row's reason): line length, UTF-8, JSON, the trace
-schema (`include/schemas/trace.schema.json`: structure, types, RFC 3339 timestamps),
+schema (`include/schemas/trace.schema.json`: structure, types, RFC 3339 timestamps; tasks.signals.rows),
 a trace_id not seen before in this window. Per chunk: the Great Expectations suite `traces` (value
 ranges, timestamps not in the future, tool errors <= tool calls, ...); rows it flags are quarantined
 with the expectation's reason. Per window: the suites `traces_window` (not empty, share of bad rows)
@@ -29,207 +30,21 @@ rows), validation.json (every chunk's and the window's expectations with observe
 from __future__ import annotations
 
 import base64
-import gzip
 import json
 import logging
-import re
 import time
-import zlib
-from dataclasses import dataclass
-from datetime import date, datetime, timedelta, timezone
+from datetime import datetime, timezone
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 
 from tasks import storage
-from tasks.config import PROJECT_ROOT
-from tasks.signals.drift import WindowStats
+from tasks.signals.rows import FLAT_COLUMNS, RowParser
+from tasks.signals.traces import IngestError, Window, numbered_lines, select_files
+from tasks.signals.windowstats import WindowStats
 
 log = logging.getLogger(__name__)
-SCHEMA_PATH = PROJECT_ROOT / "include" / "schemas" / "trace.schema.json"
-TRACE_SUFFIXES = (".jsonl", ".jsonl.gz", ".ndjson", ".ndjson.gz")  # a .json beside them is a manifest, not traces
-FLAT_COLUMNS = ("trace_id", "workload", "ts", "prompt_tokens", "completion_tokens", "tool_errors", "tool_calls",
-                "latency_ms", "reward", "n_user_messages")
-_DAY_PATTERNS = (re.compile(r"(\d{4})-(\d{2})-(\d{2})"), re.compile(r"(\d{4})/(\d{2})/(\d{2})"))
 
-
-@dataclass(frozen=True)
-class Window:
-    """A half-open time window [start, end); either side may be open (None)."""
-
-    start: datetime | None = None
-    end: datetime | None = None
-
-    @classmethod
-    def parse(cls, text: str | None) -> "Window":
-        """'START/END' with RFC 3339 times or dates (a date means its midnight UTC), or one date (that day)."""
-        if not text:
-            return cls()
-        if "/" not in text:
-            day = _parse_time(text)
-            return cls(day, day + timedelta(days=1))
-        a, _, b = text.partition("/")
-        w = cls(_parse_time(a) if a else None, _parse_time(b) if b else None)
-        if w.start and w.end and w.end <= w.start:
-            raise ValueError(f"window {text!r} ends before it starts: give START/END with START < END")
-        return w
-
-    def days_before(self, days: int) -> "Window":
-        """The reference window: the `days` days that end where this one starts."""
-        if self.start is None:
-            raise ValueError("a reference of the days before needs a current window with a start")
-        return Window(self.start - timedelta(days=days), self.start)
-
-    def contains_day(self, day: date) -> bool:
-        lo = datetime(day.year, day.month, day.day, tzinfo=timezone.utc)
-        return (self.end is None or lo < self.end) and (self.start is None or lo + timedelta(days=1) > self.start)
-
-    def __str__(self) -> str:
-        return f"{self.start.isoformat() if self.start else ''}/{self.end.isoformat() if self.end else ''}"
-
-
-def _parse_time(text: str) -> datetime:
-    try:
-        t = datetime.fromisoformat(text.strip())
-    except ValueError:
-        raise ValueError(f"{text!r} is not an RFC 3339 time or a YYYY-MM-DD date") from None
-    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
-
-
-def select_files(source: str | Path, window: Window) -> list[str]:
-    """Trace files under `source` whose date partition (if the path has one) meets the window."""
-    files = storage.list_files(source, TRACE_SUFFIXES)
-    out = []
-    for uri in files:
-        day = _path_day(uri)
-        if day is None or window.contains_day(day):
-            out.append(uri)
-    return out
-
-
-def _path_day(uri: str) -> date | None:
-    for pattern in _DAY_PATTERNS:
-        found = pattern.findall(uri)
-        if found:
-            try:
-                return date(*map(int, found[-1]))
-            except ValueError:
-                return None
-    return None
-
-
-def iter_file_lines(uri: str) -> Iterator[bytes]:
-    stream = storage.open_binary(uri)
-    try:
-        if uri.endswith(".gz"):
-            stream = gzip.GzipFile(fileobj=stream)
-        lines = storage.iter_lines(stream)
-        first = next(lines, None)
-        if first is not None:
-            yield first[3:] if first.startswith(b"\xef\xbb\xbf") else first  # a BOM from Windows tools
-        yield from lines
-    finally:
-        stream.close()
-
-
-def _numbered_lines(uri: str) -> Iterator[tuple[int, bytes]]:
-    """(line number, line); a file that cannot be read to its end (truncated gzip, I/O error) stops the
-    window with the file and the line reached: its remaining rows cannot be accounted for."""
-    line_no = 0
-    try:
-        for line_no, raw in enumerate(iter_file_lines(uri), start=1):
-            yield line_no, raw
-    except (EOFError, OSError, zlib.error) as e:
-        raise IngestError(f"{uri}: unreadable after line {line_no} ({type(e).__name__}: {e}); "
-                          "repair or remove the file and ingest the window again") from None
-
-
-# ---- one row ------------------------------------------------------------------------------------------
-
-class RowParser:
-    """bytes -> (trace, flat row) or a reason. The schema is compiled once (jsonschema-rs, a Rust
-    validator: the structural check is most of the per-row cost, and this one is ~10x the Python ones)."""
-
-    def __init__(self, max_line_bytes: int):
-        import jsonschema_rs
-        import orjson
-
-        self.max_line_bytes = max_line_bytes
-        self._loads = orjson.loads
-        self._json_error = orjson.JSONDecodeError
-        self._schema = jsonschema_rs.validator_for(json.loads(SCHEMA_PATH.read_text()), validate_formats=True)
-
-    def parse(self, line: bytes) -> tuple[dict | None, tuple | None, str | None]:
-        if len(line) > self.max_line_bytes:
-            return None, None, f"line of {len(line)} bytes exceeds ingest.max_line_bytes={self.max_line_bytes}"
-        try:
-            line.decode("utf-8")
-        except UnicodeDecodeError as e:
-            return None, None, f"not valid UTF-8 (byte {e.start})"
-        try:
-            trace = self._loads(line)
-        except self._json_error as e:
-            return None, None, f"invalid JSON: {e}"
-        if not isinstance(trace, dict):
-            return None, None, f"not a JSON object (a {type(trace).__name__})"
-        if not self._schema.is_valid(trace):  # the fast path; the message only for the rows that fail
-            return None, None, "schema: " + "; ".join(_schema_errors(self._schema, trace))
-        try:
-            return trace, flatten(trace), None
-        except (ValueError, TypeError, KeyError) as e:  # valid by the schema, yet unusable (e.g. an odd time)
-            return None, None, f"unusable trace: {type(e).__name__}: {e}"
-
-
-def _schema_errors(schema, trace: dict, limit: int = 3) -> list[str]:
-    out = []
-    for e in schema.iter_errors(trace):
-        where = "/".join(str(p) for p in e.instance_path) or "(root)"
-        out.append(f"{where}: {e.message[:200]}")
-        if len(out) == limit:
-            break
-    return out
-
-
-_LEAP = re.compile(r"(T\d\d:\d\d:)60")
-
-
-def rfc3339_seconds(text: str) -> float:
-    """Epoch seconds of an RFC 3339 time: any case of T/Z; a leap second (:60) is the next second."""
-    upper = text.upper()
-    try:
-        when = datetime.fromisoformat(upper)
-        leap = 0
-    except ValueError:
-        if not _LEAP.search(upper):
-            raise
-        when, leap = datetime.fromisoformat(_LEAP.sub(r"\g<1>59", upper, count=1)), 1
-    if when.tzinfo is None:
-        raise ValueError(f"timestamp {text!r} has no time zone")
-    return when.timestamp() + leap
-
-
-def flatten(trace: dict) -> tuple:
-    """The row GX validates (FLAT_COLUMNS order) plus drift features: (flat, tool_names, turns, success)."""
-    outcome = trace["outcome"]
-    turns = tool_calls = users = 0
-    names: list[str] = []
-    for m in trace["messages"]:
-        role = m["role"]
-        if role == "assistant":
-            turns += 1
-            for call in m.get("tool_calls") or ():
-                tool_calls += 1
-                names.append(call["function"]["name"])
-        elif role == "user":
-            users += 1
-    ts = rfc3339_seconds(trace["timestamp"])
-    flat = (trace["trace_id"], trace["workload"], ts, outcome["prompt_tokens"], outcome["completion_tokens"],
-            outcome["tool_errors"], tool_calls, outcome.get("latency_ms"), outcome.get("reward"), users)
-    return flat, names, turns, bool(outcome["success"])
-
-
-# ---- the window ---------------------------------------------------------------------------------------
 
 def _trim_heap() -> None:
     """Hand freed chunk memory back to the OS (glibc keeps it otherwise, and RSS creeps up ~3 MB a
@@ -249,10 +64,6 @@ def _trim_heap() -> None:
 
 
 _LIBC = None
-
-
-class IngestError(ValueError):
-    pass
 
 
 class _Seen:
@@ -342,7 +153,7 @@ def ingest(source: str | Path, output_dir: str | Path, ingest_settings, window: 
 
     try:
         for uri in files:
-            for line_no, raw in _numbered_lines(uri):
+            for line_no, raw in numbered_lines(uri):
                 if not raw.strip():
                     counts["blank_lines"] += 1
                     continue

@@ -1,14 +1,14 @@
-"""The drift monitor's one call: ingest a window, test drift against a reference, diff the tool registry.
+"""The drift monitor's one call: ingest a window, test drift against a reference, diff the toolsets.
 
     from tasks.signals.monitor import check_production
     verdict = check_production(settings, "s3://bucket/traces/", "runs/x/monitor", Window.parse("2026-12-01"),
-                               champion="runs/local/champion", registry="http://tools/openapi.json")
+                               champion="runs/local/champion", toolset="http://tools/openapi.json")
     verdict["retrain"], verdict["reasons"]      # what a retraining trigger carries
     # or: python -m tasks monitor --input PATH --window 2026-12-01 --champion DIR --registry SRC --output DIR
 
 The reference window is the `drift.reference_days` days before the current one (same input), unless
 `reference` names another input or an ingest output. Retraining is requested when any drift test
-fires or the registry in production has a breaking change against the one the champion was trained
+fires or the toolset in production has a breaking change against the one the champion was trained
 for. Everything lands under OUTPUT: current/ and reference/ (ingest outputs with quarantine and GX
 data docs), drift_report.json, tooldiff.json and signals.json (this function's result).
 """
@@ -19,8 +19,10 @@ import logging
 from pathlib import Path
 
 from tasks import storage
-from tasks.signals.drift import WindowStats, compare
-from tasks.signals.ingest import Window, ingest
+from tasks.signals.drift import compare
+from tasks.signals.ingest import ingest
+from tasks.signals.traces import Window
+from tasks.signals.windowstats import WindowStats
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +40,11 @@ def window_stats(source, out: Path, settings, window: Window, docs: bool = True)
 
 
 def check_production(settings, source, output_dir, window: Window, champion: str | Path | None = None,
-                     registry=None, reference=None) -> dict:
-    """Ingest + drift + tool diff for one window; returns (and writes) the verdict with its reasons."""
+                     toolset=None, reference=None) -> dict:
+    """Ingest + drift + tool diff for one window; returns (and writes) the verdict with its reasons.
+
+    `toolset`: the one in production now, any source of tasks.envs.toolset.load_toolset (a version is one
+    of `settings.env.name`'s shipped toolsets)."""
     out = Path(output_dir)
     if window.start is None and reference is None:
         raise ValueError("the current window needs a start (the reference is the days before it), "
@@ -51,10 +56,12 @@ def check_production(settings, source, output_dir, window: Window, champion: str
     storage.write_bytes(out / "drift_report.json", json.dumps(report.to_dict(), indent=1).encode())
     reasons = list(report.reasons)
     diff = None
-    if champion is not None and registry is not None:
-        from tasks.signals.tools import diff_registries, load_registry, registry_of_model
+    if champion is not None and toolset is not None:
+        from tasks.envs.toolset import toolset_of_model
+        from tasks.signals.tooldiff import diff_toolsets
 
-        diff = diff_registries(registry_of_model(champion), load_registry(registry))
+        # new_hash is the schema hash the model-version tag carries (tasks.promotion.step), same loader
+        diff = diff_toolsets(toolset_of_model(champion), toolset, settings.env.name)
         storage.write_bytes(out / "tooldiff.json", json.dumps(diff.to_dict(), indent=1).encode())
         if diff.breaking:
             reasons.insert(0, f"tool change: {diff.summary}")
@@ -63,6 +70,7 @@ def check_production(settings, source, output_dir, window: Window, champion: str
         "reasons": reasons, "summary": "; ".join(reasons[:3]) or "no drift, no breaking tool change",
         "window": str(window), "reference_window": str(ref_window) if reference is None else str(reference),
         "drifted": report.drifted, "tool_change_breaking": bool(diff and diff.breaking),
+        # key kept from before the toolset rename: stages, announcements and MLflow tags read it
         "registry_hash": diff.new_hash if diff else None,
         "rows": {"current": current_summary.get("rows_accepted"), "reference": ref_summary.get("rows_accepted")},
         # a failed window raises inside ingest; an ingest output given as input carries its own verdict

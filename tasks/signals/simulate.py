@@ -5,7 +5,7 @@
                     policy="runs/local/champion")           # a model directory: episodes through vLLM
     simulate_traces(..., policy="scripted")                 # a rule-based agent: fast, no model needed
 
-`schedule` says which tool registry production serves from when on: the registry changes at a known
+`schedule` says which toolset production serves from when on: the toolset changes at a known
 time, which is what drift and tool-change detection must find. Traces are written date-partitioned as
 `DIR/date=YYYY-MM-DD/traces-00000.jsonl.gz` in the trace contract (include/schemas/trace.schema.json),
 and a share `malformed_share` of the lines is replaced by one of MALFORMED_KINDS, listed in
@@ -36,8 +36,8 @@ MALFORMED_KINDS = ("broken_json", "missing_field", "wrong_type", "negative_token
                    "duplicate_trace_id", "non_utf8")
 
 
-def registry_at(schedule: list[tuple[datetime, str]], when: datetime) -> str:
-    """The registry version production served at `when` (the last schedule entry at or before it)."""
+def toolset_at(schedule: list[tuple[datetime, str]], when: datetime) -> str:
+    """The toolset version production served at `when` (the last schedule entry at or before it)."""
     current = schedule[0][1]
     for since, version in sorted(schedule):
         if since <= when:
@@ -83,7 +83,7 @@ def episode_to_trace(ep: Episode, trace_id: str, when: datetime, model_version: 
         "outcome": {"success": score["success"], "reward": score["reward"], "tool_errors": tool_errors,
                     "latency_ms": round(40 + 2.5 * ep.completion_tokens + rng.expovariate(1 / 30), 1),
                     "prompt_tokens": prompt_tokens, "completion_tokens": ep.completion_tokens},
-        "registry_version": ep.task.service.get("registry_version"),
+        "registry_version": ep.task.service.get("registry_version"),  # the toolset; key kept (trace data)
     }
 
 
@@ -136,13 +136,13 @@ def simulate_traces(out_dir: str | Path, start: datetime, end: datetime, n_trace
                     malformed_share: float = 0.0, seed: int = 0, model_version: str = "champion") -> dict:
     """Write `n_traces` lines between start and end; returns (and writes) the manifest."""
     if not schedule:
-        raise ValueError("schedule is empty: give at least [(start, registry_version)]")
+        raise ValueError("schedule is empty: give at least [(start, toolset_version)]")
     if policy != "scripted" and settings is None:
         raise ValueError("a model policy needs settings (engine limits and sampling temperature)")
     rng = random.Random(seed)
     span = (end - start).total_seconds()
     times = sorted(start + timedelta(seconds=rng.uniform(0, span)) for _ in range(n_traces))
-    versions = [registry_at(schedule, t) for t in times]
+    versions = [toolset_at(schedule, t) for t in times]
     tokenizer = CharTokenizer.load(policy) if policy != "scripted" else CharTokenizer()
     limits = {"max_turns": 4, "max_tokens_per_turn": 96, "max_len": 512}
     if settings is not None:
@@ -151,7 +151,8 @@ def simulate_traces(out_dir: str | Path, start: datetime, end: datetime, n_trace
     episodes: list[Episode] = [None] * n_traces  # type: ignore[list-item]
     for version in sorted(set(versions)):
         idx = [i for i, v in enumerate(versions) if v == version]
-        tasks = get_env("desk").generate_tasks(len(idx), seed * 7919 + int(version), desk.load_registry(version))
+        env = get_env("desk")
+        tasks = env.generate_tasks(len(idx), seed * 7919 + int(version), env.load_toolset(version))
         for i, task in zip(idx, tasks):
             task.service["registry_version"] = version
             episodes[i] = new_episode(task, tokenizer, **limits)
@@ -194,6 +195,6 @@ def simulate_traces(out_dir: str | Path, start: datetime, end: datetime, n_trace
                 "success_rate": {v: successes[(v, True)] / max(1, versions.count(v)) for v in sorted(set(versions))},
                 "days": sorted(files)}
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
-    log.info("simulated %d traces into %s (%d malformed): success by registry %s", n_traces, out,
+    log.info("simulated %d traces into %s (%d malformed): success by toolset %s", n_traces, out,
              sum(malformed.values()), manifest["success_rate"])
     return manifest

@@ -63,7 +63,7 @@ def sft_champion(settings, out_dir: str | Path) -> dict:
     t0 = time.time()
     model, tokenizer = build_model(settings.model)
     losses = sft_train(model, tokenizer, settings)
-    toolset = get_env(settings.env.name).load_registry(settings.env.champion_toolset)
+    toolset = get_env(settings.env.name).load_toolset(settings.env.champion_toolset)
     path = save_model(model, tokenizer, out_dir, registry=toolset)
     stats = {"model_dir": str(path), "sft_steps": len(losses), "final_loss": losses[-1], "seconds": time.time() - t0,
              "parameters": sum(p.numel() for p in model.parameters())}

@@ -28,7 +28,7 @@ def eval_tasks(settings, toolset: str):
     from tasks.envs import get_env
 
     env = get_env(settings.env.name)
-    return env.generate_tasks(settings.eval.num_tasks, settings.eval.seed, env.load_registry(toolset),
+    return env.generate_tasks(settings.eval.num_tasks, settings.eval.seed, env.load_toolset(toolset),
                               split=settings.eval.split)
 
 

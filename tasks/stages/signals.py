@@ -22,20 +22,20 @@ log = logging.getLogger(__name__)
 
 def last_full_days(days: int, end: datetime | None = None):
     """The window of the `days` whole UTC days before `end` (default now)."""
-    from tasks.signals.ingest import Window
+    from tasks.signals.traces import Window
 
     end = (end or datetime.now(timezone.utc)).astimezone(timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
     return Window(end - timedelta(days=days), end)
 
 
 def _window(settings, window: str | None):
-    from tasks.signals.ingest import Window
+    from tasks.signals.traces import Window
 
     return Window.parse(window) if window else last_full_days(settings.monitor.window_days)
 
 
 def _has_traces(source: str, window) -> bool:
-    from tasks.signals.ingest import select_files
+    from tasks.signals.traces import select_files
 
     try:
         return bool(select_files(source, window))
@@ -62,7 +62,7 @@ def validate_data(settings, rd, window: str | None = None) -> dict:
         return _nothing_to_do(rd, win, f"no production traces for {win} under {settings.monitor.traces}")
     verdict = DataVerdict.model_validate(check_production(
         settings, settings.monitor.traces, rd.path / "signals" / "monitor", win, champion=champion,
-        registry=settings.env.target_toolset))
+        toolset=settings.env.target_toolset))
     rd.write(verdict, "signals.json")
     with stage_run(settings, rd, "signals"):
         track_signals(tracker_of(settings), rd.path / "signals", verdict)
@@ -165,7 +165,7 @@ def monitor(settings, window: str | None = None, reference_days: int | None = No
         log.warning("%s: checking drift without the tool diff", e)
         champion = None
     verdict = check_production(s, settings.monitor.traces, out / "windows" / key, win, champion=champion,
-                               registry=settings.env.target_toolset if champion else None)
+                               toolset=settings.env.target_toolset if champion else None)
     announced = out / "announced" / f"{key}_{verdict.get('registry_hash') or 'none'}.json"
     verdict["new"] = verdict["retrain"] and not announced.exists()
     if verdict["new"]:

@@ -16,14 +16,14 @@ NAME = "evergreen-agent-test"
 @pytest.fixture(scope="module")
 def model_dirs(tmp_path_factory):
     from tasks.config import load_settings
-    from tasks.envs.desk import load_registry
+    from tasks.envs.toolset import load_toolset
     from tasks.policy.model import build_model, save_model
 
     out = {}
     for version, seed in (("1", 0), ("2", 1)):
         s = load_settings(environ={}, overrides={"model": {"seed": seed}})
         model, tok = build_model(s.model)
-        out[version] = save_model(model, tok, tmp_path_factory.mktemp(f"m{version}") / "model", registry=load_registry(version))
+        out[version] = save_model(model, tok, tmp_path_factory.mktemp(f"m{version}") / "model", registry=load_toolset(version))
     return out
 
 

@@ -9,6 +9,7 @@ import ray
 import torch
 
 from tasks.envs import desk, new_episode
+from tasks.envs.toolset import load_toolset
 from tasks.policy.backends import HFBackend, Sampling
 from tasks.policy.model import build_model, state_dict_cpu
 from tasks.rl.rollout import RolloutPool
@@ -17,7 +18,7 @@ pytestmark = pytest.mark.integration
 
 
 def _tasks(n, seed=3):
-    return desk.generate_tasks(n, seed, desk.load_registry("2"))
+    return desk.generate_tasks(n, seed, load_toolset("2"))
 
 
 def test_batch_of_64_episodes_on_two_actors(pool, tmp_path):

@@ -31,7 +31,8 @@ def traces(tmp_path_factory):
 
 def test_ingest_from_s3_prefix_equals_local(s3, traces, tmp_path):
     from tasks.config import load_settings
-    from tasks.signals.ingest import Window, ingest, select_files
+    from tasks.signals.ingest import ingest
+    from tasks.signals.traces import Window, select_files
 
     local, manifest = traces
     s3.create_bucket(Bucket="prod-traces")
@@ -62,25 +63,26 @@ def test_missing_s3_object_is_a_clear_error(s3):
 
 
 def test_tooldiff_and_model_registry_from_s3(s3, tmp_path):
-    from tasks.envs.desk import REGISTRY_DIR
-    from tasks.signals.tools import diff_registries, load_registry, registry_of_model
+    from tasks.envs.desk import TOOLSET_DIR
+    from tasks.envs.toolset import load_toolset, toolset_of_model
+    from tasks.signals.tooldiff import diff_toolsets
 
     s3.create_bucket(Bucket="registries")
-    s3.upload_file(str(REGISTRY_DIR / "registry_v2.json"), "registries", "desk/current.json")
+    s3.upload_file(str(TOOLSET_DIR / "registry_v2.json"), "registries", "desk/current.json")
     s3.put_object(Bucket="registries", Key="models/champion/tool_registry.json",
-                  Body=(REGISTRY_DIR / "registry_v1.json").read_bytes())
-    trained_on = registry_of_model("s3://registries/models/champion")
-    diff = diff_registries(trained_on, load_registry("s3://registries/desk/current.json"))
+                  Body=(TOOLSET_DIR / "registry_v1.json").read_bytes())
+    trained_on = toolset_of_model("s3://registries/models/champion")
+    diff = diff_toolsets(trained_on, load_toolset("s3://registries/desk/current.json"))
     assert diff.breaking and any(c.change == "tool_renamed" for c in diff.changes)
 
 
 def test_load_model_from_s3_prefix(s3, tmp_path):
     from tasks.config import load_settings
-    from tasks.envs.desk import load_registry
+    from tasks.envs.toolset import load_toolset
     from tasks.policy.model import build_model, load_model, save_model
 
     model, tok = build_model(load_settings(environ={}).model)
-    local = save_model(model, tok, tmp_path / "model", registry=load_registry("1"))
+    local = save_model(model, tok, tmp_path / "model", registry=load_toolset("1"))
     s3.create_bucket(Bucket="models")
     _upload_dir(s3, local, "models", "evergreen-agent/v3")
     loaded, tok2, directory = load_model("s3://models/evergreen-agent/v3", cache_dir=tmp_path / "cache")

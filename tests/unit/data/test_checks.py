@@ -9,7 +9,8 @@ import pytest
 from tasks.data.checks import check_eval_table, check_rollouts
 from tasks.data.validation import BatchValidationError, Validator
 from tasks.envs import new_episode
-from tasks.envs.desk import demonstration, generate_tasks, load_registry
+from tasks.envs.desk import demonstration, generate_tasks
+from tasks.envs.toolset import load_toolset
 from tasks.policy.tokenizer import CharTokenizer
 from tasks.rl.records import episode_record
 
@@ -24,7 +25,7 @@ def records():
     """Records of 3 tasks x 4 rollouts from scripted episodes (real Episode, real records)."""
     tok = CharTokenizer()
     out = []
-    for ti, task in enumerate(generate_tasks(3, 5, load_registry("1"))):
+    for ti, task in enumerate(generate_tasks(3, 5, load_toolset("1"))):
         for ri in range(4):
             ep = new_episode(task, tok)
             call, _ = demonstration(task, random.Random(ti * 10 + ri))

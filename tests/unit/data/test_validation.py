@@ -19,7 +19,7 @@ import pandas as pd
 import pytest
 
 from tasks.data.validation import SUITE_DIR, BatchValidationError, Validator, load_suite_spec
-from tasks.signals.ingest import FLAT_COLUMNS
+from tasks.signals.rows import FLAT_COLUMNS
 
 SUITES = ("traces", "traces_window", "traces_workloads", "rollouts", "eval_results")
 G = 4  # rollouts per task

@@ -6,16 +6,16 @@ import pytest
 
 from tasks.envs import get_env, new_episode
 from tasks.envs.base import Episode, ToolError
-from tasks.envs.desk import (DeskService, demonstration, generate_tasks, load_registry, make_service,
-                             registry_tasks)
+from tasks.envs.desk import DeskService, demonstration, generate_tasks, make_service, toolset_tasks
+from tasks.envs.toolset import load_toolset
 from tasks.policy.tokenizer import EOS, ROLE_TOKENS, CharTokenizer
 
 TOK = CharTokenizer()
-V1 = registry_tasks("1", 9, 5)
-V2 = registry_tasks("2", 9, 5)
-# every registry tool offered, for tests of the tool service itself
-ALL1 = generate_tasks(3, 5, load_registry("1"), offer="all")
-ALL2 = generate_tasks(3, 5, load_registry("2"), offer="all")
+V1 = toolset_tasks("1", 9, 5)
+V2 = toolset_tasks("2", 9, 5)
+# every tool of the toolset offered, for tests of the tool service itself
+ALL1 = generate_tasks(3, 5, load_toolset("1"), offer="all")
+ALL2 = generate_tasks(3, 5, load_toolset("2"), offer="all")
 # V1[0] / V2[0]: "18 times 24 = ?" -> 432      V1[1] / V2[1]: 55 kilometers to meters -> 55000
 # V1[2] / V2[2]: population of Kyoto -> 1463723  V1[3]: 49 plus 62 -> 111   V1[5] / V2[5]: elevation of Oslo -> 23
 
@@ -331,11 +331,11 @@ def test_v2_strict_accepts_canonical_forms_and_retry_succeeds():
         svc("city_facts", {"name": "atlantis", "attribute": "elevation"})
 
 
-def test_registries_load():
-    assert load_registry("1")["version"] == "1"
-    assert [t["function"]["name"] for t in load_registry("2")["tools"]] == ["calculate", "convert_units", "city_facts"]
+def test_toolsets_load():
+    assert load_toolset("1")["version"] == "1"
+    assert [t["function"]["name"] for t in load_toolset("2")["tools"]] == ["calculate", "convert_units", "city_facts"]
     with pytest.raises(FileNotFoundError, match="registry_v9.json"):
-        load_registry("9")
+        load_toolset("9")
     with pytest.raises(KeyError, match="unknown environment"):
         get_env("gym")
 
@@ -347,7 +347,7 @@ def test_generate_tasks_is_deterministic_in_the_seed():
     assert a == b
     assert a != c
     assert [t["question"] for t in a] != [t["question"] for t in c]
-    reg = load_registry("1")
+    reg = load_toolset("1")
     assert [t.to_dict() for t in generate_tasks(6, 3, reg)] == [t.to_dict() for t in generate_tasks(6, 3, reg)]
     assert [t.question for t in generate_tasks(6, 3, reg)] != [t.question for t in generate_tasks(6, 4, reg)]
 
@@ -372,7 +372,7 @@ def test_demonstrations_succeed_on_random_schema_tasks(seed):
             assert s["success"] and s["reward"] == 1.0, (task.task_id, turns, ep.messages[-2:])
 
 
-def test_demonstrations_succeed_on_v1_registry_tasks():
+def test_demonstrations_succeed_on_v1_toolset_tasks():
     for task in V1:
         turns = demonstration(task, random.Random(0))
         ep = new_episode(task, TOK)

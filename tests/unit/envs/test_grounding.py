@@ -8,12 +8,12 @@ import pytest
 
 from tasks.envs import new_episode
 from tasks.envs.base import Episode
-from tasks.envs.desk import make_service, registry_tasks
+from tasks.envs.desk import make_service, toolset_tasks
 from tasks.policy.tokenizer import CharTokenizer
 
 TOK = CharTokenizer()
-V1 = registry_tasks("1", 9, 5)
-V2 = registry_tasks("2", 9, 5)
+V1 = toolset_tasks("1", 9, 5)
+V2 = toolset_tasks("2", 9, 5)
 # V1[0] 18 times 24 -> 432   V1[1] 55 km to m -> 55000   V1[3] 49 plus 62 -> 111   V1[5] elevation of Oslo -> 23
 # V1[6] 37 minus 25 -> 12    V2[0] as V1[0], v2 tools    V2[1] as V1[1]            V2[5] as V1[5]
 

@@ -8,11 +8,11 @@ import pytest
 
 from tasks.config import load_settings
 from tasks.envs import desk, get_env
-from tasks.envs.desk import (CITIES, CONVERSIONS, FAMILIES, FIELDS, OPS, generate_tasks, load_registry, split_of,
-                             task_content)
+from tasks.envs.desk import CITIES, CONVERSIONS, FAMILIES, FIELDS, OPS, generate_tasks, split_of, task_content
+from tasks.envs.toolset import load_toolset
 
 SETTINGS = load_settings()
-REGISTRIES = ("1", "2")
+TOOLSETS = ("1", "2")
 GRPO_STEPS = range(60)
 BOOTSTRAP_STEPS = range(300)
 
@@ -22,12 +22,12 @@ def contents(tasks) -> set:
 
 
 def eval_contents(settings, tmp_path) -> set:
-    """What the DAG's build_tasks writes and the CLI's eval_tasks draws, for the shipped registries."""
+    """What the DAG's build_tasks writes and the CLI's eval_tasks draws, for the shipped toolsets."""
     from tasks.rundir import RunDir
     from tasks.stages.rollouts import build_tasks, eval_tasks
 
     rd, out = RunDir(tmp_path, "dag", "run"), set()
-    for reg in REGISTRIES:
+    for reg in TOOLSETS:
         build_tasks(settings, rd, reg)
         written = [desk.Task.from_dict(json.loads(line))
                    for line in (rd.path / "tasks" / f"eval_v{reg}.jsonl").read_text().splitlines()]
@@ -42,7 +42,7 @@ def training_contents(split) -> set:
     the bootstrap's demonstrations, all drawn from `split` (None: today's draw, any content)."""
     g, b, env = SETTINGS.grpo, SETTINGS.bootstrap, SETTINGS.env
     n_guard = round(g.tasks_per_step * g.guard_share)
-    target, guard = load_registry(env.target_toolset), load_registry(env.champion_toolset)
+    target, guard = load_toolset(env.target_toolset), load_toolset(env.champion_toolset)
     out = set()
     for step in GRPO_STEPS:
         seed = 1_000_000 + g.seed * 10_000 + step
@@ -91,18 +91,18 @@ def test_commutative_operands_are_one_content():
 
 @pytest.mark.parametrize("split", ["train", "dev", "eval"])
 def test_a_split_draws_only_its_content_deterministically_with_every_family(split):
-    for registry in (None, load_registry("1"), load_registry("2")):
-        tasks = generate_tasks(60, 11, registry, split=split)
+    for toolset in (None, load_toolset("1"), load_toolset("2")):
+        tasks = generate_tasks(60, 11, toolset, split=split)
         assert {split_of(t.family, t.service["solution"]) for t in tasks} == {split}
         assert Counter(t.family for t in tasks) == {f: 20 for f in FAMILIES}
-        assert [t.to_dict() for t in tasks] == [t.to_dict() for t in generate_tasks(60, 11, registry, split=split)]
+        assert [t.to_dict() for t in tasks] == [t.to_dict() for t in generate_tasks(60, 11, toolset, split=split)]
         assert all(f"-{split}-s11-" in t.task_id for t in tasks)
     with pytest.raises(ValueError, match="split='test'"):
         generate_tasks(3, 0, split="test")
 
 
 def test_no_split_keeps_the_unsplit_draw():
-    tasks = generate_tasks(30, 5, load_registry("1"))
+    tasks = generate_tasks(30, 5, load_toolset("1"))
     assert [t.task_id for t in tasks][:2] == ["desk-r1-s5-0", "desk-r1-s5-1"]
     assert {split_of(t.family, t.service["solution"]) for t in tasks} == {"train", "dev", "eval"}
 
@@ -113,7 +113,7 @@ def test_eval_tasks_share_no_content_with_training(train, tmp_path):
     assert not held_out & train
     # the check has teeth: drawn as before (any content, other seeds), eval content repeats training content
     e = SETTINGS.eval
-    before = {k for reg in REGISTRIES for k in contents(generate_tasks(e.num_tasks, e.seed, load_registry(reg)))}
+    before = {k for reg in TOOLSETS for k in contents(generate_tasks(e.num_tasks, e.seed, load_toolset(reg)))}
     overlap = Counter(k[0] for k in before & training_contents(None))
     assert set(overlap) == set(FAMILIES) and overlap["lookup"] >= 20, overlap
 
@@ -137,7 +137,7 @@ def test_bootstrap_demonstrations_draw_training_content(monkeypatch):
         return tasks
     monkeypatch.setattr(sft, "get_env", lambda name: dataclasses.replace(get_env(name), generate_tasks=recording))
     sft.demonstration_batch("desk", CharTokenizer(), 12, seed=3, max_len=512)
-    sft.demonstration_batch("desk", CharTokenizer(), 12, seed=4, max_len=512, registry=load_registry("1"))
+    sft.demonstration_batch("desk", CharTokenizer(), 12, seed=4, max_len=512, registry=load_toolset("1"))
     assert len(drawn) == 24 and {split_of(t.family, t.service["solution"]) for t in drawn} == {"train"}
 
 

@@ -4,7 +4,7 @@ import json
 import pytest
 
 from tasks.envs import new_episode
-from tasks.envs.desk import registry_tasks
+from tasks.envs.desk import toolset_tasks
 from tasks.policy.tokenizer import CharTokenizer
 from tasks.rl.records import episode_record, read_step, record_key, write_shard
 
@@ -97,7 +97,7 @@ def test_failed_write_leaves_no_temp_file(tmp_path):
 
 def test_episode_record_splits_prompt_and_completion():
     tok = CharTokenizer()
-    task = registry_tasks("1", 9, 5)[2]   # population of Kyoto
+    task = toolset_tasks("1", 9, 5)[2]   # population of Kyoto
     ep = new_episode(task, tok)
     prompt = ep.prompt_ids()
     call = '<tool_call>{"name":"lookup","arguments":{"city":"kyoto","field":"population"}}</tool_call>'

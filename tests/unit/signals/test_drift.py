@@ -34,9 +34,10 @@ from scipy import optimize, stats
 
 from tasks.config import DriftSettings
 from tasks.signals import drift
-from tasks.signals.drift import (STATISTICS, DriftReport, WindowStats, WorkloadStats, bonferroni,
-                                 bonferroni_adjusted, bucket_prompt_tokens, chi2_and_psi, compare, holm,
-                                 holm_adjusted, ks_from_counts, two_proportion_test, wasserstein_from_counts)
+from tasks.signals.drift import STATISTICS, DriftReport, compare
+from tasks.signals.significance import (bonferroni, bonferroni_adjusted, chi2_and_psi, holm, holm_adjusted,
+                                        ks_from_counts, two_proportion_test, wasserstein_from_counts)
+from tasks.signals.windowstats import WindowStats, WorkloadStats, bucket_prompt_tokens
 
 N = 4000                    # traces per window in the calibration and power trials
 TRIALS = 200

@@ -1,4 +1,4 @@
-"""Trace ingestion (tasks/signals/ingest.py): quarantine, exact reconciliation, batch expectations, windows.
+"""Trace ingestion (tasks/signals/ingest.py, reading traces.py, rows rows.py): quarantine, exact reconciliation, batch expectations, windows.
 
     python -m pytest -q tests/unit/signals/test_ingest.py -p no:cacheprovider
 
@@ -31,8 +31,11 @@ from hypothesis import HealthCheck, given, settings as hsettings, strategies as 
 
 from tasks.config import load_settings
 from tasks.data.validation import BatchValidationError
-from tasks.signals import ingest as ingest_mod
-from tasks.signals.ingest import RowParser, Window, ingest, select_files
+from tasks import storage
+from tasks.signals import rows as rows_mod
+from tasks.signals.ingest import ingest
+from tasks.signals.rows import RowParser
+from tasks.signals.traces import IngestError, Window, select_files
 
 WORKLOADS = ("calc", "convert", "lookup")
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc)  # the valid rows' timestamps start here
@@ -441,8 +444,8 @@ def test_partitions_outside_the_window_are_not_opened(tmp_path, monkeypatch):
          str(root / "undated.jsonl")])
 
     opened = []
-    real_open = ingest_mod.storage.open_binary
-    monkeypatch.setattr(ingest_mod.storage, "open_binary", lambda uri: opened.append(str(uri)) or real_open(uri))
+    real_open = storage.open_binary
+    monkeypatch.setattr(storage, "open_binary", lambda uri: opened.append(str(uri)) or real_open(uri))
     out = tmp_path / "out"
     summary = run(root, out, cfg(required_workloads=[]), window=window, now=datetime(2026, 12, 3, tzinfo=timezone.utc))
     assert sorted(opened) == files
@@ -583,7 +586,7 @@ def assert_one_outcome(result) -> None:
     trace, row, reason = result
     if reason is None:
         assert isinstance(trace, dict) and isinstance(row, tuple) and len(row) == 4
-        assert len(row[0]) == len(ingest_mod.FLAT_COLUMNS)
+        assert len(row[0]) == len(rows_mod.FLAT_COLUMNS)
     else:
         assert trace is None and row is None and isinstance(reason, str) and reason
 
@@ -723,7 +726,7 @@ def test_truncated_gzip_stops_with_the_file_and_line_named(tmp_path):
     whole = gzip.compress(b"".join(dumps(make_trace(i)) + b"\n" for i in range(200)))
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "cut.jsonl.gz").write_bytes(whole[: len(whole) // 2])
-    with pytest.raises(ingest_mod.IngestError, match=r"cut\.jsonl\.gz: unreadable after line \d+ .*repair or remove"):
+    with pytest.raises(IngestError, match=r"cut\.jsonl\.gz: unreadable after line \d+ .*repair or remove"):
         run(tmp_path / "in", tmp_path / "out")
 
 
@@ -735,4 +738,4 @@ def test_lowercase_rfc3339_leap_second_and_bom_are_rows(tmp_path):
     path = write_lines(tmp_path / "t.jsonl", [b"\xef\xbb\xbf" + dumps(make_trace(0)), dumps(lower), dumps(leap)])
     summary = run(path, tmp_path / "out", settings=cfg(required_workloads=[]))
     assert summary["rows_accepted"] == 3 and summary["rows_quarantined"] == 0
-    assert ingest_mod.rfc3339_seconds("2016-12-31T23:59:60Z") == ingest_mod.rfc3339_seconds("2017-01-01T00:00:00Z")
+    assert rows_mod.rfc3339_seconds("2016-12-31T23:59:60Z") == rows_mod.rfc3339_seconds("2017-01-01T00:00:00Z")

@@ -7,21 +7,21 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from tasks.config import load_settings
-from tasks.envs.desk import load_registry
-from tasks.signals.ingest import Window
+from tasks.envs.toolset import load_toolset
 from tasks.signals.monitor import check_production
 from tasks.signals.simulate import simulate_traces
+from tasks.signals.traces import Window
 
 START = datetime(2026, 11, 20, tzinfo=timezone.utc)
 
 
 @pytest.fixture(scope="module")
 def production(tmp_path_factory):
-    """Four days of traffic; the registry changes to v2 at the start of day 3."""
+    """Four days of traffic; the toolset changes to v2 at the start of day 3."""
     out = tmp_path_factory.mktemp("prod")
     simulate_traces(out, START, START + timedelta(days=4), 3200, [(START, "1"), (START + timedelta(days=2), "2")], seed=11)
     champion = tmp_path_factory.mktemp("champion")
-    (champion / "tool_registry.json").write_text(json.dumps(load_registry("1")))
+    (champion / "tool_registry.json").write_text(json.dumps(load_toolset("1")))
     return out, champion
 
 
@@ -32,7 +32,7 @@ def settings():
 
 def test_tool_change_day_requests_retraining_with_reasons(production, settings, tmp_path):
     traces, champion = production
-    verdict = check_production(settings, traces, tmp_path, Window.parse("2026-11-22"), champion=champion, registry="2")
+    verdict = check_production(settings, traces, tmp_path, Window.parse("2026-11-22"), champion=champion, toolset="2")
     assert verdict["retrain"] and verdict["drifted"] and verdict["tool_change_breaking"]
     assert verdict["reasons"][0].startswith("tool change:") and verdict["data_validation"] == "passed"
     assert any("success rate" in r for r in verdict["reasons"])
@@ -44,14 +44,14 @@ def test_tool_change_day_requests_retraining_with_reasons(production, settings, 
 
 def test_stable_day_requests_nothing(production, settings, tmp_path):
     traces, champion = production
-    verdict = check_production(settings, traces, tmp_path, Window.parse("2026-11-21"), champion=champion, registry="1")
+    verdict = check_production(settings, traces, tmp_path, Window.parse("2026-11-21"), champion=champion, toolset="1")
     assert not verdict["retrain"], verdict["reasons"]
     assert verdict["summary"] == "no drift, no breaking tool change"
 
 
-def test_a_breaking_registry_alone_requests_retraining(production, settings, tmp_path):
+def test_a_breaking_toolset_alone_requests_retraining(production, settings, tmp_path):
     traces, champion = production
-    verdict = check_production(settings, traces, tmp_path, Window.parse("2026-11-21"), champion=champion, registry="2")
+    verdict = check_production(settings, traces, tmp_path, Window.parse("2026-11-21"), champion=champion, toolset="2")
     assert verdict["retrain"] and not verdict["drifted"] and verdict["tool_change_breaking"]
 
 

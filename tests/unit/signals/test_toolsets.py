@@ -1,12 +1,14 @@
-"""Tool-registry loading, hashing and diffing (tasks/signals/tools.py)."""
+"""Toolset loading, hashing and diffing (tasks/envs/toolset.py and openapi.py, tasks/signals/toolset_hash.py
+and tooldiff.py)."""
 import copy
 import json
 
 import pytest
 import yaml
 
-from tasks.signals.tools import (BREAKING, NON_BREAKING, diff_registries, load_registry, normalise_tool,
-                                 registry_of_model, schema_hash)
+from tasks.envs.toolset import load_toolset, toolset_of_model
+from tasks.signals.tooldiff import BREAKING, NON_BREAKING, diff_toolsets
+from tasks.signals.toolset_hash import normalise_tool, schema_hash
 
 
 def _tool(name, description, properties, required=()):
@@ -113,7 +115,7 @@ CASES = [
 def test_each_change_class_is_detected(mutate, expected):
     new = copy.deepcopy(BASE)
     mutate(new)
-    diff = diff_registries(BASE, new)
+    diff = diff_toolsets(BASE, new)
     assert [(c.change, c.kind, c.tool, c.parameter) for c in diff.changes] == expected
     assert diff.breaking == any(kind == BREAKING for _, kind, _, _ in expected)
     assert (diff.old_hash == diff.new_hash) == (expected == [])
@@ -122,12 +124,12 @@ def test_each_change_class_is_detected(mutate, expected):
 def test_rename_reason_is_reported():
     new = copy.deepcopy(BASE)
     F(new, "fetch")["name"] = "get_document"
-    (change,) = diff_registries(BASE, new).changes
+    (change,) = diff_toolsets(BASE, new).changes
     assert change.detail == "tool renamed fetch -> get_document (same parameters)"
 
 
 def test_shipped_v1_to_v2_renames_tools_and_arguments_and_retypes_operands():
-    diff = diff_registries("1", "2")
+    diff = diff_toolsets("1", "2")
     assert diff.breaking
     got = {(c.change, c.tool, c.parameter): c.detail for c in diff.changes}
     renamed_tools = {d for (change, _, _), d in got.items() if change == "tool_renamed"}
@@ -150,9 +152,9 @@ def test_shipped_v1_to_v2_renames_tools_and_arguments_and_retypes_operands():
 
 
 def test_shipped_v1_against_itself_has_no_changes():
-    diff = diff_registries("1", "v1")
+    diff = diff_toolsets("1", "v1")
     assert diff.changes == [] and not diff.breaking
-    assert diff.old_hash == diff.new_hash == schema_hash(load_registry("1"))
+    assert diff.old_hash == diff.new_hash == schema_hash(load_toolset("1"))
     assert diff.to_dict()["summary"] == "no changes"
 
 
@@ -225,7 +227,7 @@ OPENAPI = {
 
 
 def test_openapi_operations_become_function_tools():
-    reg = load_registry(OPENAPI)
+    reg = load_toolset(OPENAPI)
     assert reg["version"] == "1.4.0"
     assert [t["function"]["name"] for t in reg["tools"]] == ["listDocuments", "createDocument", "getDocument"]
     assert F(reg, "listDocuments") == {"name": "listDocuments", "description": "List documents.", "parameters": {
@@ -247,7 +249,7 @@ def test_openapi_versions_diff_finds_a_breaking_change(tmp_path):
     v2["paths"]["/documents"]["get"]["parameters"][0]["schema"]["type"] = "number"
     path = tmp_path / "api-v2.yaml"
     path.write_text(yaml.safe_dump(v2))
-    diff = diff_registries(OPENAPI, path)
+    diff = diff_toolsets(OPENAPI, path)
     assert [(c.change, c.kind, c.tool, c.parameter) for c in diff.changes] == [
         ("type_changed", NON_BREAKING, "listDocuments", "limit"),
         ("parameter_made_required", BREAKING, "createDocument", "author")]
@@ -258,14 +260,14 @@ def test_load_json_yaml_and_suffixless_files(tmp_path):
     (tmp_path / "r.json").write_text(json.dumps(BASE, indent=2))
     (tmp_path / "r.yml").write_text(yaml.safe_dump(BASE))
     (tmp_path / "registry").write_text(json.dumps(BASE))
-    hashes = {schema_hash(load_registry(tmp_path / name)) for name in ("r.json", "r.yml", "registry")}
+    hashes = {schema_hash(load_toolset(tmp_path / name)) for name in ("r.json", "r.yml", "registry")}
     assert hashes == {schema_hash(BASE)}
-    assert load_registry(str(tmp_path / "r.yml"))["tools"][1]["function"]["name"] == "fetch"
+    assert load_toolset(str(tmp_path / "r.yml"))["tools"][1]["function"]["name"] == "fetch"
 
 
 def test_load_list_of_tools_and_shipped_version():
     assert schema_hash(BASE["tools"]) == schema_hash(BASE)
-    assert [t["function"]["name"] for t in load_registry("2")["tools"]] == ["calculate", "convert_units", "city_facts"]
+    assert [t["function"]["name"] for t in load_toolset("2")["tools"]] == ["calculate", "convert_units", "city_facts"]
 
 
 @pytest.mark.parametrize("name,text,message", [
@@ -289,40 +291,40 @@ def test_malformed_sources_name_the_source_and_the_problem(tmp_path, name, text,
     path = tmp_path / name
     path.write_text(text)
     with pytest.raises(ValueError) as e:
-        load_registry(path)
+        load_toolset(path)
     assert f"registry {path}" in str(e.value) and message in str(e.value)
 
 
 def test_missing_sources(tmp_path):
     with pytest.raises(FileNotFoundError, match="no such file"):
-        load_registry(tmp_path / "absent.json")
+        load_toolset(tmp_path / "absent.json")
     with pytest.raises(FileNotFoundError, match="registry_v9"):
-        load_registry("9")
-    with pytest.raises(IsADirectoryError, match="registry_of_model"):
-        load_registry(tmp_path)
+        load_toolset("9")
+    with pytest.raises(IsADirectoryError, match="toolset_of_model"):
+        load_toolset(tmp_path)
 
 
-def test_registry_of_model(tmp_path):
+def test_toolset_of_model(tmp_path):
     with pytest.raises(FileNotFoundError) as e:
-        registry_of_model(tmp_path)
+        toolset_of_model(tmp_path)
     assert str(tmp_path / "tool_registry.json") in str(e.value) and "beside its weights" in str(e.value)
     (tmp_path / "tool_registry.json").write_text(json.dumps(BASE))
-    assert diff_registries(registry_of_model(tmp_path), BASE).changes == []
+    assert diff_toolsets(toolset_of_model(tmp_path), BASE).changes == []
 
 
 def test_summary_lists_breaking_changes_first():
     new = copy.deepcopy(BASE)
     F(new, "search")["description"] = "Changed."
     new["tools"].pop(1)
-    d = diff_registries(BASE, new)
+    d = diff_toolsets(BASE, new)
     assert d.summary == "1 breaking change: tool removed: fetch (+1 non-breaking)"
     only_docs = copy.deepcopy(BASE)
     F(only_docs, "search")["description"] = "Changed."
-    assert diff_registries(BASE, only_docs).summary == "1 non-breaking change: search: description changed"
+    assert diff_toolsets(BASE, only_docs).summary == "1 non-breaking change: search: description changed"
 
 
 def test_openapi_document_served_by_the_tool_service_over_http():
-    """The registry can be the tool service's own /openapi.json (a real HTTP server on loopback)."""
+    """The toolset can be the tool service's own /openapi.json (a real HTTP server on loopback)."""
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -342,8 +344,21 @@ def test_openapi_document_served_by_the_tool_service_over_http():
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         url = f"http://127.0.0.1:{server.server_port}"
-        assert load_registry(f"{url}/openapi.json") == load_registry(OPENAPI)
+        assert load_toolset(f"{url}/openapi.json") == load_toolset(OPENAPI)
         with pytest.raises(FileNotFoundError, match="404"):
-            load_registry(f"{url}/missing.json")
+            load_toolset(f"{url}/missing.json")
     finally:
         server.shutdown()
+
+
+def test_every_caller_reads_shipped_toolsets_through_the_one_loader():
+    from tasks.envs import get_env
+    from tasks.envs.desk import TOOLSET_DIR, toolset_tasks
+    from tasks.envs.toolset import shipped_toolset_path
+
+    env = get_env("desk")
+    assert shipped_toolset_path("2") == env.toolset_dir / "registry_v2.json" == TOOLSET_DIR / "registry_v2.json"
+    assert env.load_toolset("v2") == load_toolset("2") == json.loads((TOOLSET_DIR / "registry_v2.json").read_text())
+    assert toolset_tasks("2", 3, 0)[0].tools[0]["function"]["name"] == "calculate"
+    with pytest.raises(KeyError, match="unknown environment"):
+        load_toolset("2", env="gym")
