@@ -56,8 +56,8 @@ class ModelSettings(_Section):
 
 class EnvSettings(_Section):
     name: str = Field("desk", description="environment name (tasks.envs.ENVIRONMENTS)")
-    champion_toolset: str = Field("1", description="registry the champion was trained for (version or JSON path)")
-    target_toolset: str = Field("2", description="registry in production now (version or JSON path)")
+    champion_toolset: str = Field("1", description="toolset (version of the tool registry) the champion was trained for: a version or a JSON path")
+    target_toolset: str = Field("2", description="toolset in production now, the one a run trains for: version or JSON path")
     max_turns: int = Field(4, ge=1, description="assistant turns before an episode ends without answer")
     max_tokens_per_turn: int = Field(96, ge=8, description="generation limit of one assistant turn")
 
@@ -105,7 +105,7 @@ class RolloutSettings(_Section):
 class GRPOSettings(_Section):
     steps: int = Field(30, ge=1, description="policy updates (each: one rollout batch, one gradient step)")
     tasks_per_step: int = Field(32, ge=1, description="tasks per batch; episodes = tasks_per_step * group_size")
-    guard_share: float = Field(0.25, ge=0, lt=1, description="share of batch tasks from the champion's registry (guard)")
+    guard_share: float = Field(0.25, ge=0, lt=1, description="share of batch tasks from the champion's toolset (guard)")
     lr: float = Field(1e-3, gt=0, description="AdamW learning rate")
     advantage: Literal["std", "mean"] = Field("std", description="'std': (r-mean)/std (GRPO); 'mean': r-mean (Dr. GRPO)")
     eps_low: float = Field(0.2, gt=0, lt=1, description="lower clip: ratio >= 1 - eps_low (binds only with "
@@ -114,10 +114,10 @@ class GRPOSettings(_Section):
                             "minibatches=1, like eps_low)")
     kl_coef: float = Field(0.0, ge=0, description="weight of the k3 KL to the reference (initial) policy; 0 = off")
     guard_kl_coef: float | None = Field(None, ge=0, description="the KL weight on guard-task episodes (the champion's "
-                                        "registry); unset = kl_coef. Higher holds the guard closer to the champion "
+                                        "toolset); unset = kl_coef. Higher holds the guard closer to the champion "
                                         "without slowing the target's learning")
     demo_coef: float = Field(0.0, ge=0, description="weight of an SFT term on expert demonstrations of the champion's "
-                             "registry in every update (InstructGPT's PPO-ptx mix): holds the guard's skills while "
+                             "toolset in every update (InstructGPT's PPO-ptx mix): holds the guard's skills while "
                              "the target is learnt; 0 = off")
     demo_batch: int = Field(16, ge=1, description="demonstrations per update when demo_coef > 0")
     engine_is_cap: float | None = Field(None, gt=1, description="truncated importance sampling of the engine/trainer "
@@ -160,7 +160,7 @@ class GRPOSettings(_Section):
 
 
 class EvalSettings(_Section):
-    num_tasks: int = Field(150, ge=10, description="held-out tasks per registry")
+    num_tasks: int = Field(150, ge=10, description="held-out tasks per toolset")
     seed: int = Field(1000, description="seed of the held-out tasks")
     split: Literal["eval", "dev"] = Field("eval", description="which held-out content the tasks are drawn from: "
                                           "'eval' (the gate's; no setting may be chosen on it) or 'dev' (for tuning "

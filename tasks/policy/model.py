@@ -33,13 +33,10 @@ def build_model(model_settings, tokenizer: CharTokenizer | None = None):
     return LlamaForCausalLM(cfg), tokenizer
 
 
-REGISTRY_FILE = "tool_registry.json"
-
-
-def save_model(model, tokenizer: CharTokenizer, directory: str | Path, registry: dict | None = None) -> Path:
+def save_model(model, tokenizer: CharTokenizer, directory: str | Path, toolset: dict | None = None) -> Path:
     """Write atomically: a half-written model directory is never visible under its final name.
 
-    `registry` is the tool registry the model was trained for, kept beside the weights so that a
+    `toolset` is the version of the tool registry the model was trained for, kept beside the weights so that a
     later tool change can be diffed against it (tasks.envs.toolset.toolset_of_model).
     """
     directory = Path(directory)
@@ -47,8 +44,10 @@ def save_model(model, tokenizer: CharTokenizer, directory: str | Path, registry:
     tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
     model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save(tmp)
-    if registry is not None:
-        (tmp / REGISTRY_FILE).write_text(json.dumps(registry, indent=1))
+    if toolset is not None:
+        from tasks.envs.toolset import TOOLSET_FILENAME
+
+        (tmp / TOOLSET_FILENAME).write_text(json.dumps(toolset, indent=1))
     storage.write_manifest(tmp)  # checked by load_model: a corrupted artifact is refused
     if directory.exists():
         old = directory.with_name(f".{directory.name}.old-{os.getpid()}")

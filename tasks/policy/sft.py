@@ -23,14 +23,14 @@ log = logging.getLogger(__name__)
 
 
 def demonstration_batch(env_name: str, tokenizer, n: int, seed: int, max_len: int,
-                        registry: dict | None = None, split: str = "train") -> list[tuple[list[int], list[int]]]:
+                        toolset: dict | None = None, split: str = "train") -> list[tuple[list[int], list[int]]]:
     """(token ids, loss mask) of `n` expert episodes, built through the real episode loop; random tool
-    schemas (the bootstrap's), or a registry's tools. Training content only: demonstrations of eval
+    schemas (the bootstrap's), or a toolset's tools. Training content only: demonstrations of eval
     content would let the gate measure recall."""
     env = get_env(env_name)
     rng = random.Random(seed)
     out = []
-    for task in env.generate_tasks(n, seed, registry, split=split):
+    for task in env.generate_tasks(n, seed, toolset, split=split):
         ep = new_episode(task, tokenizer, max_len=max_len)
         for turn in env.demonstration(task, rng):
             ep.add_completion(tokenizer.encode(turn) + [tokenizer.eos_id])

@@ -304,7 +304,7 @@ def grpo_loop(config: dict) -> None:
         demos = None
         if g.demo_coef > 0:  # seeds disjoint from the bootstrap's and the tasks'
             demos = demonstration_batch(settings.env.name, tokenizer, g.demo_batch, 3_000_000 + g.seed * 10_000 + step,
-                                        settings.model.max_len, registry=champion_toolset)
+                                        settings.model.max_len, toolset=champion_toolset)
         m = grpo_step(model, optimizer, records, settings, tokenizer.pad_id, ref_model, demos, rank, world)
         t_train = time.time() - t0 - t_roll
         version = step + 1
@@ -324,7 +324,7 @@ def grpo_loop(config: dict) -> None:
         ray.train.report(m, **report_kwargs)
     if rank == 0:
         save_model(getattr(model, "module", model), tokenizer, run_dir / "model",
-                   registry=get_env(settings.env.name).load_toolset(settings.env.target_toolset))
+                   toolset=get_env(settings.env.name).load_toolset(settings.env.target_toolset))
         if config.get("actors"):
             pool.close_transfer()  # the engines go back to their owner, who opens its own group
         else:

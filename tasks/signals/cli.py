@@ -3,7 +3,7 @@
     python -m tasks ingest --input PATH --output DIR [--window 2026-12-01/2026-12-02]
     python -m tasks drift --reference REF --current CUR [--reference-window W] [--current-window W] [--out FILE]
     python -m tasks drift --current TRACES --current-window 2026-12-01 --reference-days 7
-    python -m tasks monitor --input PATH --window 2026-12-01 --champion DIR --registry SRC --output DIR
+    python -m tasks monitor --input PATH --window 2026-12-01 --champion DIR --toolset SRC --output DIR
     python -m tasks tooldiff OLD NEW            # toolset files, s3:// objects, OpenAPI documents, or versions 1, 2
     python -m tasks simulate --out DIR --start 2026-11-20 --end 2026-11-24 --traces 2000 --change-at 2026-11-22
 
@@ -39,7 +39,7 @@ def add_parsers(sub) -> None:
     p.add_argument("--window", required=True, help="the current window (START/END or a date)")
     p.add_argument("--output", required=True)
     p.add_argument("--champion", help="model directory (or s3:// prefix) holding tool_registry.json")
-    p.add_argument("--registry", help="the toolset in production now: file, s3://, http(s):// OpenAPI, or version")
+    p.add_argument("--toolset", help="the toolset in production now: file, s3://, http(s):// OpenAPI, or version")
     p.add_argument("--reference", help="reference input or ingest output (default: the days before, same input)")
     p = sub.add_parser("tooldiff", help="breaking and non-breaking changes between two toolsets")
     p.add_argument("old")
@@ -49,9 +49,9 @@ def add_parsers(sub) -> None:
     p.add_argument("--start", required=True)
     p.add_argument("--end", required=True)
     p.add_argument("--traces", type=int, default=2000)
-    p.add_argument("--change-at", help="when production switches from --from-registry to --to-registry")
-    p.add_argument("--from-registry", default="1")
-    p.add_argument("--to-registry", default="2")
+    p.add_argument("--change-at", help="when production switches from --from-toolset to --to-toolset")
+    p.add_argument("--from-toolset", default="1")
+    p.add_argument("--to-toolset", default="2")
     p.add_argument("--policy", default="scripted", help="'scripted' or a model directory (episodes through vLLM)")
     p.add_argument("--malformed-share", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
@@ -75,7 +75,7 @@ def run(args, settings) -> int:
             from tasks.signals.monitor import check_production
 
             print(json.dumps(check_production(settings, args.input, args.output, Window.parse(args.window),
-                                              champion=args.champion, toolset=args.registry, reference=args.reference)))
+                                              champion=args.champion, toolset=args.toolset, reference=args.reference)))
         elif args.command == "tooldiff":
             from tasks.signals.tooldiff import diff_toolsets
 
@@ -84,9 +84,9 @@ def run(args, settings) -> int:
             from tasks.signals.simulate import simulate_traces
 
             span = Window.parse(f"{args.start}/{args.end}")
-            schedule = [(span.start, args.from_registry)]
+            schedule = [(span.start, args.from_toolset)]
             if args.change_at:
-                schedule.append((Window.parse(f"{args.change_at}/").start, args.to_registry))
+                schedule.append((Window.parse(f"{args.change_at}/").start, args.to_toolset))
             print(json.dumps(simulate_traces(args.out, span.start, span.end, args.traces, schedule, policy=args.policy,
                                              settings=settings, malformed_share=args.malformed_share, seed=args.seed)))
     except BatchValidationError as e:

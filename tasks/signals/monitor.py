@@ -4,7 +4,7 @@
     verdict = check_production(settings, "s3://bucket/traces/", "runs/x/monitor", Window.parse("2026-12-01"),
                                champion="runs/local/champion", toolset="http://tools/openapi.json")
     verdict["retrain"], verdict["reasons"]      # what a retraining trigger carries
-    # or: python -m tasks monitor --input PATH --window 2026-12-01 --champion DIR --registry SRC --output DIR
+    # or: python -m tasks monitor --input PATH --window 2026-12-01 --champion DIR --toolset SRC --output DIR
 
 The reference window is the `drift.reference_days` days before the current one (same input), unless
 `reference` names another input or an ingest output. Retraining is requested when any drift test

@@ -64,7 +64,7 @@ def sft_champion(settings, out_dir: str | Path) -> dict:
     model, tokenizer = build_model(settings.model)
     losses = sft_train(model, tokenizer, settings)
     toolset = get_env(settings.env.name).load_toolset(settings.env.champion_toolset)
-    path = save_model(model, tokenizer, out_dir, registry=toolset)
+    path = save_model(model, tokenizer, out_dir, toolset=toolset)
     stats = {"model_dir": str(path), "sft_steps": len(losses), "final_loss": losses[-1], "seconds": time.time() - t0,
              "parameters": sum(p.numel() for p in model.parameters())}
     log.info("sft: %s", stats)

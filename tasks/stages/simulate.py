@@ -61,7 +61,7 @@ def simulate_production(settings, days: int = 2, tool_change: bool = True) -> di
         cfg.flush()
         cmd = [sys.executable, "-m", "tasks", "--settings", cfg.name, "simulate", "--out", str(out),
                "--start", start.isoformat(), "--end", today.isoformat(), "--traces", str(settings.simulate.traces),
-               "--from-registry", settings.env.champion_toolset, "--to-registry", settings.env.target_toolset,
+               "--from-toolset", settings.env.champion_toolset, "--to-toolset", settings.env.target_toolset,
                "--policy", str(champion), "--malformed-share", str(settings.simulate.malformed_share),
                "--seed", str(settings.grpo.seed)]
         if tool_change:

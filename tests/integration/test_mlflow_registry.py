@@ -23,7 +23,7 @@ def model_dirs(tmp_path_factory):
     for version, seed in (("1", 0), ("2", 1)):
         s = load_settings(environ={}, overrides={"model": {"seed": seed}})
         model, tok = build_model(s.model)
-        out[version] = save_model(model, tok, tmp_path_factory.mktemp(f"m{version}") / "model", registry=load_toolset(version))
+        out[version] = save_model(model, tok, tmp_path_factory.mktemp(f"m{version}") / "model", toolset=load_toolset(version))
     return out
 
 

@@ -82,7 +82,7 @@ def test_load_model_from_s3_prefix(s3, tmp_path):
     from tasks.policy.model import build_model, load_model, save_model
 
     model, tok = build_model(load_settings(environ={}).model)
-    local = save_model(model, tok, tmp_path / "model", registry=load_toolset("1"))
+    local = save_model(model, tok, tmp_path / "model", toolset=load_toolset("1"))
     s3.create_bucket(Bucket="models")
     _upload_dir(s3, local, "models", "evergreen-agent/v3")
     loaded, tok2, directory = load_model("s3://models/evergreen-agent/v3", cache_dir=tmp_path / "cache")

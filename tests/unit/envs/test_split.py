@@ -137,7 +137,7 @@ def test_bootstrap_demonstrations_draw_training_content(monkeypatch):
         return tasks
     monkeypatch.setattr(sft, "get_env", lambda name: dataclasses.replace(get_env(name), generate_tasks=recording))
     sft.demonstration_batch("desk", CharTokenizer(), 12, seed=3, max_len=512)
-    sft.demonstration_batch("desk", CharTokenizer(), 12, seed=4, max_len=512, registry=load_toolset("1"))
+    sft.demonstration_batch("desk", CharTokenizer(), 12, seed=4, max_len=512, toolset=load_toolset("1"))
     assert len(drawn) == 24 and {split_of(t.family, t.service["solution"]) for t in drawn} == {"train"}
 
 

@@ -13,7 +13,7 @@ from tasks.storage import MANIFEST, ChecksumError
 @pytest.fixture
 def saved(tmp_path):
     model, tok = build_model(load_settings(environ={}).model)
-    return save_model(model, tok, tmp_path / "m", registry={"version": "1", "tools": []})
+    return save_model(model, tok, tmp_path / "m", toolset={"version": "1", "tools": []})
 
 
 def test_manifest_lists_every_file_and_load_passes(saved):
