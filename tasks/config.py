@@ -33,7 +33,8 @@ def _in_project(v: Path) -> Path:
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # validate_default: a default path is anchored to the project like a given one
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, validate_default=True)
 
 
 class ModelSettings(_Section):

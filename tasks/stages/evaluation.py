@@ -83,10 +83,11 @@ def validate_evals(settings, rd) -> dict:
         kind: {t: compare(tables["challenger", t], tables["champion", t], f"{kind}_success", e.bootstrap_resamples,
                           e.confidence) for t in toolsets(settings)} for kind in ("sampled", "greedy")})
     tracker = tracker_of(settings)
-    validator = Validator(rd.path / "gx_docs_evals")
+    docs = rd.path / "gx_docs_evals"  # GX data docs of the eval tables: where a failed validation points
+    validator = Validator(docs)
     with stage_run(settings, rd, "evals"):
         for (who, toolset), table in tables.items():
-            outcome = check_eval_table(table.table, settings.eval.num_tasks, validator=validator)
+            outcome = check_eval_table(table.table, settings.eval.num_tasks, docs, validator)
             comparisons.evals_valid &= outcome.success
             tracker.log_artifact(rd.path / f"eval_{who}_v{toolset}.jsonl", "evals")
         for kind, by_toolset in (("sampled", comparisons.sampled), ("greedy", comparisons.greedy)):

