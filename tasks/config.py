@@ -15,9 +15,9 @@ import json
 import os
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Literal, Mapping
+from typing import Annotated, Literal, Mapping
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
 from pydantic_settings.sources.utils import parse_env_vars
 
@@ -30,6 +30,12 @@ def _in_project(v: Path) -> Path:
     """A relative path is relative to the project, not to whichever directory an Airflow worker or Ray
     job starts in."""
     return v if v.is_absolute() else PROJECT_ROOT / v
+
+
+# a path setting: relative paths are anchored to the project
+ProjectPath = Annotated[Path, AfterValidator(_in_project)]
+# a local path (anchored like ProjectPath) or a URI such as s3://bucket/prefix (kept as it is)
+ProjectUri = Annotated[str, AfterValidator(lambda v: v if "://" in v else str(_in_project(Path(v))))]
 
 
 class _Section(BaseModel):
@@ -192,7 +198,6 @@ class DriftSettings(_Section):
     reference_days: int = Field(7, ge=1, description="the reference window: this many days before the current one")
 
 
-
 class SimulateSettings(_Section):
     traces: int = Field(1500, ge=10, description="simulated production traces of the demo (two days, the tool change between)")
     malformed_share: float = Field(0.02, ge=0, lt=1, description="share of simulated lines made malformed (quarantine path)")
@@ -216,17 +221,12 @@ class PromotionSettings(_Section):
 
 
 class CostSettings(_Section):
-    prices_file: Path = Field(PROJECT_ROOT / "include" / "config" / "prices.yaml", description="price table with dated sources")
+    prices_file: ProjectPath = Field(PROJECT_ROOT / "include" / "config" / "prices.yaml", description="price table with dated sources")
     cpu_price: str = Field("aws-c7i-on-demand", description="key under `cpu:` in the price table")
     gpu_price: str = Field("h200-aws-p5e-on-demand", description="key under `gpu:` in the price table (GPU runs only)")
     serving_price: str = Field("self-hosted-tiny", description="key under `serving:` ($ per million tokens)")
     traffic_episodes_per_day: float = Field(100_000, ge=0, description="production episodes a day (serving projection)")
     horizon_days: float = Field(30, gt=0, description="days over which the serving-cost change is projected")
-
-    @field_validator("prices_file")
-    @classmethod
-    def _anchor_prices(cls, v: Path) -> Path:
-        return _in_project(v)
 
 
 class TrackingSettings(_Section):
@@ -246,15 +246,10 @@ class RaySettings(_Section):
     head_port: int = Field(6390, ge=1024, le=65535, description="GCS port of a `local` head")
     dashboard_port: int = Field(8265, ge=1024, le=65535, description="dashboard / Jobs API port of a `local` head")
     dashboard_url: str | None = Field(None, description="Jobs API of an `address` cluster, e.g. http://ray-head:8265")
-    kuberay_manifest: Path = Field(Path("include/deploy/kuberay/raycluster.yaml"), description="RayCluster template")
+    kuberay_manifest: ProjectPath = Field(Path("include/deploy/kuberay/raycluster.yaml"), description="RayCluster template")
     kuberay_namespace: str = Field("evergreen", description="namespace of the RayClusters the DAG creates")
     kuberay_image: str | None = Field(None, description="image for every Ray container (None: the manifest's)")
     job_timeout_s: int = Field(7200, ge=60, description="a Ray job (GRPO) that runs longer is stopped and fails")
-
-    @field_validator("kuberay_manifest")
-    @classmethod
-    def _anchor_manifest(cls, v: Path) -> Path:
-        return _in_project(v)
 
     @model_validator(mode="after")
     def _backend_needs(self):
@@ -265,18 +260,13 @@ class RaySettings(_Section):
 
 
 class MonitorSettings(_Section):
-    traces: str = Field("runs/production/traces", description="where production traces land: a directory (relative "
+    traces: ProjectUri = Field("runs/production/traces", description="where production traces land: a directory (relative "
                         "to the project) or an s3:// prefix, partitioned date=YYYY-MM-DD/")
     window_days: int = Field(1, ge=1, le=31, description="the current window: this many whole days before the run")
 
-    @field_validator("traces")
-    @classmethod
-    def _anchor_traces(cls, v: str) -> str:
-        return v if "://" in v else str(_in_project(Path(v)))
-
 
 class Settings(_Section):
-    run_dir: Path = Field(PROJECT_ROOT / "runs" / "local", description="where runs write models, records, checkpoints")
+    run_dir: ProjectPath = Field(PROJECT_ROOT / "runs" / "local", description="where runs write models, records, checkpoints")
     model: ModelSettings = ModelSettings()
     env: EnvSettings = EnvSettings()
     bootstrap: BootstrapSettings = BootstrapSettings()
@@ -291,11 +281,6 @@ class Settings(_Section):
     tracking: TrackingSettings = TrackingSettings()
     ray: RaySettings = RaySettings()
     monitor: MonitorSettings = MonitorSettings()
-
-    @field_validator("run_dir")
-    @classmethod
-    def _anchor_run_dir(cls, v: Path) -> Path:
-        return _in_project(v)
 
     @model_validator(mode="after")
     def _gpu_transfer_needs_gpus(self):
