@@ -15,8 +15,13 @@ How Airflow 3.3 uses the two entries (read from airflow/api_fastapi/app.py and t
   cookie is sent. nav_top_level puts "Evergreen" in the sidebar itself, not under a "Plugins" menu; a
   category outside user/docs/admin/browse only groups views inside that "Plugins" menu.
 
-Import cost: fastapi and the page module only (no torch, ray, mlflow or great_expectations); the app
-object is built without touching the disk.
+The page is evergreen_page.py (the app), evergreen_data.py (reads the runs' summaries), evergreen_charts.py
+(chart geometry), templates/ (Jinja2) and static/ (CSS, icon). Airflow also imports the two helper modules
+as plugin files; they define no plugin and do nothing at import.
+
+Import cost: fastapi and those modules only (no torch, ray, mlflow or great_expectations, nor the project's
+tasks package); the app object is built without touching the disk, and Jinja2 loads the templates on the
+first page view.
 """
 from __future__ import annotations
 

@@ -2,8 +2,10 @@
 
     PYTHONPATH=. python -m pytest -q tests/unit/plugins/test_evergreen_page.py
 
-The last two tests start a Python subprocess each (a clean sys.modules, their own AIRFLOW_HOME): one
-checks that importing the plugin pulls in no heavy library, one that airflow.plugins_manager loads it.
+Summaries are RunSummary JSON (tasks.stages.contracts), rendered by autoescaped Jinja2 templates: escaped
+text reads as markupsafe writes it (&#39; for ', &#34; for "). Two tests start a Python subprocess each (a
+clean sys.modules, their own AIRFLOW_HOME): importing the plugin does no work and pulls in no heavy
+library; airflow.plugins_manager loads it.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import pytest
 from fastapi import HTTPException
 from fastapi.testclient import TestClient
 
+from plugins import evergreen_data
 from plugins import evergreen_page as page
 
 REPO = Path(__file__).resolve().parents[3]
@@ -30,10 +33,14 @@ def _iv(mean: float, half: float = 0.05) -> dict:
     return {"mean": mean, "low": mean - half, "high": mean + half}
 
 
+def _cmp(champ: dict, chall: dict, diff: dict) -> dict:
+    return {"metric": "success_rate", "champion": champ, "challenger": chall, "difference": diff}
+
+
 def _summary(run_id: str, started: str, status: str, **extra) -> dict:
     champ, chall = 0.41, 0.78 if status == "promoted" else 0.44
     s = {
-        "dag_id": "continuous_post_training", "run_id": run_id, "started_at": started,
+        "dag_id": "continuous_post_training", "run_id": run_id, "run_dir": f"/runs/{run_id}", "started_at": started,
         "finished_at": started.replace("T03:", "T04:"), "status": status,
         "trigger": {"kind": "asset", "asset_events": [{"uri": "evergreen://signals/retrain_request",
                                                        "extra": {"reasons": ["success dropped on desk"]}}]},
@@ -43,9 +50,9 @@ def _summary(run_id: str, started: str, status: str, **extra) -> dict:
                                "p_adjusted": 1e-9, "significant": True}],
                     "tooldiff": {"breaking": 3, "changes": ["get_weather: temperature now in kelvin"]}},
         "target_toolset": "2", "guard_registries": ["1"],
-        "greedy": {"2": {"champion": _iv(champ), "challenger": _iv(chall), "difference": _iv(chall - champ, 0.04)},
-                   "1": {"champion": _iv(0.9), "challenger": _iv(0.88), "difference": _iv(-0.02, 0.03)}},
-        "sampled": {"2": {"champion": _iv(0.36), "challenger": _iv(0.70), "difference": _iv(0.34)}},
+        "greedy": {"2": _cmp(_iv(champ), _iv(chall), _iv(chall - champ, 0.04)),
+                   "1": _cmp(_iv(0.9), _iv(0.88), _iv(-0.02, 0.03))},
+        "sampled": {"2": _cmp(_iv(0.36), _iv(0.70), _iv(0.34))},
         "promotion": {
             "decision": {"promote": status == "promoted", "summary": f"gate says {status}",
                          "reasons": [f"target gain {100 * (chall - champ):.1f} pts"],
@@ -64,12 +71,10 @@ def _summary(run_id: str, started: str, status: str, **extra) -> dict:
     return s
 
 
-def _write(root: Path, name: str, data) -> Path:
-    d = root / "continuous_post_training" / name
-    d.mkdir(parents=True, exist_ok=True)
-    p = d / "summary.json"
+def _write(root: Path, name: str, data) -> None:
+    p = root / "continuous_post_training" / name / "summary.json"
+    p.parent.mkdir(parents=True, exist_ok=True)
     p.write_text(data if isinstance(data, str) else json.dumps(data))
-    return p
 
 
 @pytest.fixture
@@ -89,7 +94,8 @@ def four_runs(root) -> Path:
     _write(root, "scheduled_1", _summary("scheduled__2026-12-01T03:00:00+00:00", "2026-12-01T03:00:00+00:00",
                                          "not_promoted", trigger={"kind": "schedule"}))
     _write(root, "rest_2", {"dag_id": "continuous_post_training", "run_id": "manual__2026-12-01T09:00:00+00:00",
-                            "status": "skipped", "started_at": "2026-12-01T09:00:00+00:00",
+                            "run_dir": "/runs/rest_2", "target_toolset": "2", "status": "skipped",
+                            "started_at": "2026-12-01T09:00:00+00:00", "finished_at": "2026-12-01T09:01:00+00:00",
                             "skip_reason": "no significant drift and no breaking tool change",
                             "trigger": {"kind": "rest", "params": {"force": False}}})
     promoted = _summary("asset_triggered__2026-12-02T03:00:00+00:00", "2026-12-02T03:00:00+00:00", "promoted")
@@ -113,8 +119,7 @@ def test_empty_state(client):
     assert r.status_code == 200
     assert 'id="empty-state"' in r.text and 'id="last-decision"' not in r.text
     assert _svg(r.text, "success-chart").find(f"{NS}text").text == "no evaluated runs yet"
-    assert _svg(r.text, "cost-chart") is not None
-    assert client.get("/api/runs").json()["count"] == 0
+    assert _svg(r.text, "cost-chart") is not None and client.get("/api/runs").json()["count"] == 0
     assert client.get("/health").json() == {"status": "ok", "runs": 0, "errors": 0}
 
 
@@ -133,11 +138,10 @@ def test_not_promoted_shows_reasons_and_failed_check(client, four_runs):
     text = client.get("/").text
     card = re.search(r'<article class="run not_promoted".*?</article>', text, re.S).group(0)
     assert '<span class="badge not_promoted">not promoted</span>' in card
-    assert "<li>target gain 3.0 pts</li>" in card
+    assert "<li>target gain 3.0 pts</li>" in card and "<li>get_weather: temperature now in kelvin</li>" in card
     assert '<tr class="fail"><td>target_gain</td><td>✗</td><td>-0.01</td><td>0.05</td><td>fraction</td>' in card
     assert "Trigger: <strong class=\"trigger-kind\">schedule</strong> (the nightly schedule)" in card
     assert "Tool registry diff: breaking changes: <strong>3</strong>" in card
-    assert "<li>get_weather: temperature now in kelvin</li>" in card
     assert '<tr class="sig"><td>desk</td><td>success_rate</td><td>-0.31</td><td>1e-09</td><td>yes</td></tr>' in card
 
 
@@ -145,7 +149,7 @@ def test_skipped_run_says_why_and_shows_dashes(client, four_runs):
     card = re.search(r'<article class="run skipped".*?</article>', client.get("/").text, re.S).group(0)
     assert "Skipped: no significant drift and no breaking tool change" in card
     assert '<strong class="trigger-kind">rest</strong> (a REST API call)' in card
-    assert "&quot;force&quot;: false" in card  # params, escaped JSON
+    assert "&#34;force&#34;: false" in card  # params, escaped JSON
     assert '<dd class="run-usd">' not in card and "<h3>Cost</h3><p>—</p>" in card
     assert '<span class="mlflow-link">—</span>' in card
 
@@ -153,9 +157,9 @@ def test_skipped_run_says_why_and_shows_dashes(client, four_runs):
 def test_intervals_for_target_and_guard(client, four_runs):
     card = re.search(r'<article class="run promoted".*?</article>', client.get("/").text, re.S).group(0)
     target = re.search(r'<tr class="target greedy" data-registry="2".*?</tr>', card, re.S).group(0)
-    assert '41.0% <span class="ci">[36.0, 46.0]</span>' in target
-    assert '78.0% <span class="ci">[73.0, 83.0]</span>' in target
-    assert '+37.0 pts <span class="ci">[+33.0, +41.0]</span>' in target
+    for cell in ('41.0% <span class="ci">[36.0, 46.0]</span>', '78.0% <span class="ci">[73.0, 83.0]</span>',
+                 '+37.0 pts <span class="ci">[+33.0, +41.0]</span>'):
+        assert cell in target, cell
     guard = re.search(r'<tr class="guard greedy" data-registry="1".*?</tr>', card, re.S).group(0)
     assert '-2.0 pts <span class="ci">[-5.0, +1.0]</span>' in guard
     assert 'class="target sampled"' in card and 'class="guard sampled"' not in card  # only what was measured
@@ -192,38 +196,59 @@ def test_svg_charts(client, four_runs):
 
 
 def test_every_summary_string_is_escaped(client, four_runs, root):
-    hostile = _summary('x"><img src=x onerror=alert(1)>', "2026-12-04T03:00:00+00:00", "not_promoted",
+    """Autoescaped templates: a <script> in any string, typed field or free-form dict, reaches the page as text."""
+    hostile = _summary('x"><img src=x onerror=alert(1)>', "2026-12-04T03:00:00+00:00", "skipped", skip_reason=XSS,
+                       champion_version=XSS, timings={XSS: 1.0},
                        trigger={"kind": XSS, "asset_events": [{"uri": XSS, "extra": {XSS: XSS}}]})
     hostile["signals"]["tooldiff"]["changes"] = [XSS]
     hostile["promotion"]["decision"]["checks"][0]["name"] = XSS
     _write(root, "hostile", hostile)
     r = client.get("/")
-    assert "<script>" not in r.text and "<img src=x" not in r.text
-    assert "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;" in r.text
-    assert 'data-run-id="x&quot;&gt;&lt;img src=x onerror=alert(1)&gt;"' in r.text
-    assert "script-src" not in r.headers["content-security-policy"]  # default-src 'none': no script runs at all
-    assert r.headers["content-security-policy"].startswith("default-src 'none'")
+    assert "<script" not in r.text and "<img src=x" not in r.text
+    escaped = "&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;"
+    assert 'data-run-id="x&#34;&gt;&lt;img src=x onerror=alert(1)&gt;"' in r.text
+    last = re.search(r'<section id="last-decision".*?</section>', r.text, re.S).group(0)
+    assert f"<li>{escaped}</li>" in last and f"champion v{escaped}" in last  # the skip reason, the version
+    assert f'<p class="skip-reason">Skipped: {escaped}</p>' in r.text
+    assert f"<tr><td>{escaped}</td><td>1.0 s</td></tr>" in r.text and f"<td>{escaped}</td><td>✗</td>" in r.text
+    _svg(r.text, "success-chart")  # an escaped version label still leaves well-formed SVG
+    csp = r.headers["content-security-policy"]  # default-src 'none' and no script-src: no script runs at all
+    assert csp.startswith("default-src 'none'") and "script-src" not in csp
+    assert "html.escape" not in (PLUGINS / "evergreen_page.py").read_text()  # no hand escaping left
 
 
-def test_malformed_summaries_are_listed_not_fatal(client, four_runs, root):
+REQUIRED = {"dag_id": "continuous_post_training", "run_dir": "/runs/x", "finished_at": "2026-12-03T04:00:00+00:00",
+            "target_toolset": "2"}
+
+
+def test_unreadable_summaries_are_rows_not_a_crash(client, four_runs, root):
     _write(root, "no_status", {"dag_id": "continuous_post_training", "run_id": "r"})
     _write(root, "a_list", [1, 2])
+    _write(root, "empty_id", {**REQUIRED, "run_id": "", "status": "failed"})
+    # valid JSON with every required key, but not a RunSummary
+    _write(root, "bad_types", {**REQUIRED, "run_id": "bad-types", "status": "exploded", "greedy": "not a dict",
+                               "trigger": None, "timings": {"grpo": "slow"}})
     r = client.get("/")
-    assert r.status_code == 200
-    errors = re.search(r'<section id="errors".*?</section>', r.text, re.S).group(0)
-    assert "continuous_post_training/broken_4/summary.json</code>: JSONDecodeError" in errors
-    assert "required key &#x27;status&#x27; is missing" in errors
-    assert "a JSON list, not an object" in errors
-    assert client.get("/health").json() == {"status": "ok", "runs": 3, "errors": 3}
+    assert r.status_code == 200 and 'data-run-id="bad-types"' not in r.text
+    assert len(re.findall(r'<article class="run ', r.text)) == 3  # the readable runs are all still there
+    errors = re.search(r'<section id="errors".*?</section>', r.text, re.S).group(0)  # one row per file
+    rows = {k.split("/")[1]: v for k, v in re.findall(r'class="unreadable"><code>([^<]+)</code>: (.*)</li>', errors)}
+    assert rows["broken_4"].startswith("JSONDecodeError") and "a JSON list, not an object" in rows["a_list"]
+    assert "status: Field required" in rows["no_status"] and "run_id must not be empty" in rows["empty_id"]
+    assert rows["bad_types"].startswith("not a valid RunSummary: ")
+    for field in ("status: Input should be", "greedy: Input should be a valid dictionary", "trigger:", "timings.grpo:"):
+        assert field in rows["bad_types"], (field, rows["bad_types"])
+    assert client.get("/health").json() == {"status": "ok", "runs": 3, "errors": 5}
 
 
 def test_minimal_summary_renders_with_dashes(client, root):
-    _write(root, "min", {"dag_id": "continuous_post_training", "run_id": "only-required", "status": "failed",
-                         "greedy": "not a dict", "promotion": {"cost": {"run_usd": "cheap"}}, "trigger": None})
+    _write(root, "min", {**REQUIRED, "run_id": "only-required", "status": "failed",
+                         "promotion": {"cost": {"run_usd": "cheap"}}})
     text = client.get("/").text
     assert '<strong class="verdict">failed</strong>' in text
     assert "Trigger: <strong class=\"trigger-kind\">—</strong>" in text
-    assert "no priced runs yet" in text and "no evaluated runs yet" in text
+    assert "<h3>Success</h3><p>no evaluation</p>" in text and '<dd class="run-usd">—</dd>' in text
+    assert "no priced runs yet" in text and "no evaluated runs yet" in text and "None" not in text
 
 
 def test_json_endpoint(client, four_runs):
@@ -233,8 +258,7 @@ def test_json_endpoint(client, four_runs):
     newest = data["runs"][0]
     assert newest["run_dir"] == "asset_3" and newest["gain_per_dollar"] == pytest.approx(100 * 0.37 / 0.069)
     assert newest["summary"]["promotion"]["decision"]["reasons"][-1] == XSS  # JSON is data: unescaped, typed
-    assert data["errors"] == [{"path": "continuous_post_training/broken_4/summary.json",
-                               "error": data["errors"][0]["error"]}]
+    assert [e["path"] for e in data["errors"]] == ["continuous_post_training/broken_4/summary.json"]
 
 
 def test_nan_and_deep_nesting_do_not_break_the_json(client, root):
@@ -270,17 +294,18 @@ def test_runs_root_follows_env_and_settings(monkeypatch):
     from tasks.config import load_settings
 
     monkeypatch.delenv("EVERGREEN_RUN_DIR", raising=False)
-    assert page.runs_root() == Path(load_settings().run_dir).resolve()
+    assert evergreen_data.runs_root() == Path(load_settings().run_dir).resolve()
     monkeypatch.setenv("EVERGREEN_RUN_DIR", "runs/elsewhere")  # relative: to the project, as tasks/ reads it
-    assert page.runs_root() == (REPO / "runs" / "elsewhere").resolve()
+    assert evergreen_data.runs_root() == (REPO / "runs" / "elsewhere").resolve()
 
 
 def test_auth_hook_guards_page_and_api_not_health(root):
-    async def deny(request):
-        raise HTTPException(status_code=401, detail="Not authenticated")
+    def refusing(status: int, detail: str):
+        async def auth(request):
+            raise HTTPException(status_code=status, detail=detail)
+        return auth
 
-    async def forbid(request):
-        raise HTTPException(status_code=403, detail="Invalid JWT token")
+    deny, forbid = refusing(401, "Not authenticated"), refusing(403, "Invalid JWT token")
 
     login = lambda request: "/auth/login?next=" + str(request.url.path)  # noqa: E731
     c = TestClient(page.create_app(auth=deny, login_url=login), follow_redirects=False)
@@ -291,6 +316,8 @@ def test_auth_hook_guards_page_and_api_not_health(root):
     c = TestClient(page.create_app(auth=forbid, login_url=login), follow_redirects=False)
     r = c.get("/")
     assert r.status_code == 403 and "Invalid JWT token" in r.text and 'href="/auth/login?next=/"' in r.text
+    assert r.headers["content-security-policy"] == page.CSP
+    assert c.get("/static/evergreen.css").status_code == 200  # the stylesheet holds no run data
 
 
 def _run(code: str, tmp_path: Path) -> dict:
@@ -307,11 +334,13 @@ def test_plugin_import_is_light(tmp_path):
     got = _run("import sys, json\n"
                "import plugins.evergreen_plugin as m\n"
                "app = m.EvergreenPlugin.fastapi_apps[0]['app']\n"
-               "heavy = [n for n in ('torch', 'ray', 'mlflow', 'great_expectations', 'vllm', 'transformers') "
-               "if n in sys.modules]\n"
-               "print(json.dumps({'heavy': heavy, 'routes': sorted(r.path for r in app.routes)}))", tmp_path)
-    assert got["heavy"] == []
-    assert got["routes"] == ["/", "/api/runs", "/health", "/icon.svg"]
+               "heavy = [n for n in ('torch', 'ray', 'mlflow', 'great_expectations', 'vllm', 'transformers', "
+               "'tasks') if n in sys.modules]\n"
+               "env_built = sys.modules[m.create_airflow_app.__module__].environment.cache_info().currsize\n"
+               "print(json.dumps({'heavy': heavy, 'env_built': env_built,\n"
+               "                  'routes': sorted(r.path for r in app.routes)}))", tmp_path)
+    assert got["heavy"] == [] and got["env_built"] == 0  # no work at import: templates load on the first page
+    assert got["routes"] == ["/", "/api/runs", "/health", "/icon.svg", "/static"]
 
 
 def test_airflow_plugins_manager_loads_the_plugin(tmp_path):
@@ -354,3 +383,17 @@ def test_training_figures_from_the_grpo_metrics(client, root, tmp_path):
     _write(root, "trained", _summary("trained", "2026-12-03T03:00:00+00:00", "promoted", training=digest))
     text = client.get("/").text
     assert '<dd class="kl">0.0225</dd>' in text and '<dd class="engine-gap">2.50e-04 / 2.00e-03</dd>' in text
+
+
+def test_stylesheet_is_served_and_linked(client, four_runs):
+    r = client.get("/")
+    assert '<link rel="stylesheet" href="static/evergreen.css">' in r.text
+    assert "<style" not in r.text and " style=" not in r.text  # nothing inline: CSP has no 'unsafe-inline'
+    assert r.headers["content-security-policy"] == page.CSP and "style-src 'self'" in page.CSP
+    assert "unsafe-inline" not in page.CSP
+    css = client.get("/static/evergreen.css")
+    assert css.status_code == 200 and css.headers["content-type"].startswith("text/css")
+    assert css.text == (PLUGINS / "static" / "evergreen.css").read_text() and ".decision.promoted {" in css.text
+    icon = client.get("/icon.svg")  # the nav entry's icon, now a static file too
+    assert icon.headers["content-type"].startswith("image/svg+xml") and ET.fromstring(icon.text) is not None
+
