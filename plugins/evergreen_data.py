@@ -197,7 +197,7 @@ def gain_per_dollar(summary: Any) -> float | None:
 def registries(summary: Any) -> list[tuple[str, str]]:
     """(toolset, role) for the target, the guards, then any other toolset the evals measured."""
     out = [(summary.target_toolset, "target")]
-    out += [(g, "guard") for g in dict.fromkeys(summary.guard_registries) if g != summary.target_toolset]
+    out += [(g, "guard") for g in dict.fromkeys(summary.guard_toolsets) if g != summary.target_toolset]
     for mode in ("greedy", "sampled"):
         seen = {r for r, _ in out}
         out += [(r, "other") for r in getattr(summary, mode) or {} if r not in seen]

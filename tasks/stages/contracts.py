@@ -96,7 +96,7 @@ class RunSummary(_Contract):
     skip_reason: str | None = None
     signals: SignalsDigest = SignalsDigest()
     target_toolset: str
-    guard_registries: list[str] = []
+    guard_toolsets: list[str] = []
     greedy: dict[str, Comparison] | None = None
     sampled: dict[str, Comparison] | None = None
     probe: list[dict] = []

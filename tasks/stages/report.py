@@ -90,7 +90,7 @@ def collect_summary(settings, rd):
                    for t in drift],
             tooldiff={"breaking": (tooldiff.get("counts") or {}).get("breaking", 0), "summary": tooldiff.get("summary"),
                       "changes": [_change_text(c) for c in (tooldiff.get("changes") or [])][:40]}),
-        target_toolset=settings.env.target_toolset, guard_registries=toolsets(settings)[1:],
+        target_toolset=settings.env.target_toolset, guard_toolsets=toolsets(settings)[1:],
         greedy=comparisons.get("greedy"), sampled=comparisons.get("sampled"),
         probe=[json.loads(f.read_text()) for f in sorted((rd.path / "probe").glob("shard-*.json"))],
         training=metrics_digest(rd.path / "grpo" / "metrics.jsonl"), promotion=promotion,

@@ -49,7 +49,7 @@ def _summary(run_id: str, started: str, status: str, **extra) -> dict:
                     "drift": [{"workload": "desk", "statistic": "success_rate", "effect": -0.31,
                                "p_adjusted": 1e-9, "significant": True}],
                     "tooldiff": {"breaking": 3, "changes": ["get_weather: temperature now in kelvin"]}},
-        "target_toolset": "2", "guard_registries": ["1"],
+        "target_toolset": "2", "guard_toolsets": ["1"],
         "greedy": {"2": _cmp(_iv(champ), _iv(chall), _iv(chall - champ, 0.04)),
                    "1": _cmp(_iv(0.9), _iv(0.88), _iv(-0.02, 0.03))},
         "sampled": {"2": _cmp(_iv(0.36), _iv(0.70), _iv(0.34))},

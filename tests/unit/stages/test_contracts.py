@@ -88,7 +88,7 @@ def test_comparisons_take_compare_dicts_and_keep_their_extra_figures():
 def test_run_summary_round_trips_as_summary_json(tmp_path):
     rd = _rd(tmp_path)
     summary = RunSummary(dag_id=rd.dag_id, run_id=rd.run_id, run_dir=str(rd.path), status="not_promoted",
-                         finished_at="2026-12-03T05:00:00+00:00", target_toolset="2", guard_registries=["1"],
+                         finished_at="2026-12-03T05:00:00+00:00", target_toolset="2", guard_toolsets=["1"],
                          greedy={"2": _comparison(12, 10)}, sampled=None,
                          signals=SignalsDigest(retrain=True, reasons=["r"], drift=[{"workload": "calc"}]),
                          timings={"grpo": 12.5}, links={"mlflow_run": None, "run_dir": str(rd.path)})

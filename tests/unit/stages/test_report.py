@@ -93,7 +93,7 @@ def test_every_field_of_a_promoted_run_comes_from_its_file(tmp_path):
     assert sig.tooldiff == {"breaking": 2, "summary": "2 breaking changes",
                             "changes": ["renamed: calculate -> calc", "type_changed: convert.value: number -> string",
                                         "a change as plain text"]}
-    assert s.target_toolset == "2" and s.guard_registries == ["1"]
+    assert s.target_toolset == "2" and s.guard_toolsets == ["1"]
     assert s.greedy["2"].difference.mean == pytest.approx(0.5) and s.sampled["1"].difference.mean == pytest.approx(-0.05)
     assert [p["shard"] for p in s.probe] == [0, 1] and s.probe[0]["episodes"] == 32
     assert s.training["steps"] == 2 and s.training["first_reward"] == 0.3 and s.training["final_reward"] == 0.6
