@@ -34,21 +34,11 @@ not decisions. Pure Python; nothing runs at import time.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+
+from tasks.stages.contracts import Decision
 
 REQUIRED_VALIDATIONS = ("data", "evals")
 _EPS = 1e-9
-
-
-@dataclass
-class Decision:
-    promote: bool
-    checks: list[dict]   # name, passed, observed, threshold, unit, reason (+ details)
-    reasons: list[str]   # the failed checks' reasons, or one line saying why it is promoted
-    summary: str
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def _number(where: str, value) -> float:

@@ -40,6 +40,18 @@ class TrainingChoice(_Contract):
     reason: str
 
 
+class Decision(_Contract):
+    """The gate's decision (decision.json; tasks.promotion.gate.decide builds it): move_aliases, the
+    summary and the page read it."""
+    promote: bool
+    checks: list[dict] = Field(description="one per check: name, passed, observed, threshold, unit, reason")
+    reasons: list[str] = Field(description="the failed checks' reasons, or one line saying why it is promoted")
+    summary: str
+
+    def to_dict(self) -> dict:
+        return self.model_dump()
+
+
 class ClusterInfo(_Contract):
     """The run's Ray cluster as its setup describes it; drivers and the Ray job connect with it."""
     backend: Literal["local", "address", "kuberay"]

@@ -61,12 +61,12 @@ def gate(settings, rd) -> dict:
 
 def move_aliases(settings, rd) -> dict:
     """Register the challenger and move the aliases (or record 'not promoted'); idempotent per DAG run."""
-    from tasks.promotion.gate import Decision
+    from tasks.stages.contracts import Decision
     from tasks.promotion.step import apply_decision
     from tasks.stages.evaluation import challenger_version
     from tasks.stages.report import stage_run, tracker_of
 
-    decision = Decision(**rd.read("decision.json"))
+    decision = Decision.model_validate(rd.read("decision.json"))
     with stage_run(settings, rd, "promotion"):
         result = apply_decision(settings, decision, rd.read("cost.json"), _chosen(settings, rd),
                                 rd.read("run.json")["mlflow_run_id"], rd.run_id, tracker=tracker_of(settings),
