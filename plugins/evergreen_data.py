@@ -81,6 +81,11 @@ def _tasks_module(name: str):
         return importlib.import_module(name)
 
 
+def text_summary(summary: Any) -> str:
+    """The run as the summarize task's log and `make demo` print it: the one text formatter."""
+    return _tasks_module("tasks.stages.report").format_summary(summary)
+
+
 def runs_root() -> Path:
     """$EVERGREEN_RUN_DIR, else tasks.config's run_dir; resolved the way tasks.rundir.RunDir resolves it."""
     env = os.environ.get("EVERGREEN_RUN_DIR")

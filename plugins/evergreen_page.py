@@ -129,7 +129,7 @@ def gpd(summary: Any) -> str:
 
 FILTERS = {f.__name__: f for f in (pct, pts, usd, fmt, plain, when, duration, yes_no, pretty, linkable,
                                    status_class, status_label, gpd)}
-FILTERS.update(num=data.num, dig=data.dig, as_list=data.as_list, dicts=data.dicts)
+FILTERS.update(num=data.num, dig=data.dig, as_list=data.as_list, dicts=data.dicts, text_summary=data.text_summary)
 
 
 @functools.cache

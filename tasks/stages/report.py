@@ -117,7 +117,7 @@ def format_summary(summary) -> str:
     from tasks.evals.harness import format_interval
 
     lines = ["=" * 78, f"{summary.dag_id} {summary.run_id}: {summary.status.upper()}",
-             f"  trigger: {summary.trigger.get('kind')}"]
+             f"  trigger: {summary.trigger.get('kind') or 'unknown'}"]
     sig = summary.signals
     if sig.window:
         lines.append(f"  signals {sig.window}: retrain={sig.retrain}; {str(sig.summary)[:150]}")
@@ -125,15 +125,18 @@ def format_summary(summary) -> str:
         lines.append(f"  skipped: {summary.skip_reason}")
     for kind in ("greedy", "sampled"):
         for reg, c in (getattr(summary, kind) or {}).items():
-            lines.append(f"  [{kind:7s}] registry v{reg}: champion {format_interval(c.champion.model_dump())} -> "
+            lines.append(f"  [{kind:7s}] toolset v{reg}: champion {format_interval(c.champion.model_dump())} -> "
                          f"challenger {format_interval(c.challenger.model_dump())}  "
                          f"diff {format_interval(c.difference.model_dump(), points=True)}")
     promo = summary.promotion
-    if promo:
-        d, c = promo["decision"], promo["cost"]
-        lines.append(f"  decision: {'PROMOTED' if d['promote'] else 'not promoted'} {promo['model_name']} version "
-                     f"{promo['version']}; aliases {promo['aliases']}")
-        lines.append(f"  cost ${c['total_usd']:.4f} (run ${c['run_usd']:.4f}); {d['summary'][:160]}")
+    if promo:  # free-form (the page shows hand-written and older summaries too): absent parts are left out
+        d, c = promo.get("decision") or {}, promo.get("cost") or {}
+        if d:
+            lines.append(f"  decision: {'PROMOTED' if d.get('promote') else 'not promoted'} {promo.get('model_name')} "
+                         f"version {promo.get('version')}; aliases {promo.get('aliases')}")
+        usd = [c.get(k) for k in ("total_usd", "run_usd")]
+        if all(isinstance(v, (int, float)) for v in usd):
+            lines.append(f"  cost ${usd[0]:.4f} (run ${usd[1]:.4f}); {str(d.get('summary', ''))[:160]}")
     if summary.wall_s:
         lines.append(f"  wall {summary.wall_s:.0f}s; " + ", ".join(f"{k} {v:.0f}s" for k, v in summary.timings.items()))
     for name, url in summary.links.items():

@@ -397,3 +397,17 @@ def test_stylesheet_is_served_and_linked(client, four_runs):
     icon = client.get("/icon.svg")  # the nav entry's icon, now a static file too
     assert icon.headers["content-type"].startswith("image/svg+xml") and ET.fromstring(icon.text) is not None
 
+
+
+def test_each_run_shows_the_one_text_summary(client, four_runs, root):
+    """The page, the summarize log and `make demo` print a run through the same formatter."""
+    import html
+
+    from tasks.stages.contracts import RunSummary
+    from tasks.stages.report import format_summary
+
+    text = client.get("/").text
+    card = re.search(r'<article class="run [^"]*" id="run-0".*?</article>', text, re.S).group(0)
+    shown = re.search(r'<details class="text-summary">.*?<pre>(.*?)</pre>', card, re.S).group(1)
+    path = root / "continuous_post_training" / "asset_3" / "summary.json"
+    assert html.unescape(shown) == format_summary(RunSummary.model_validate_json(path.read_text()))

@@ -120,7 +120,7 @@ def test_the_text_summary_shows_every_part_of_a_promoted_run(tmp_path):
     for kind in ("greedy", "sampled"):
         for reg in ("2", "1"):
             c = getattr(s, kind)[reg]
-            assert (f"  [{kind:7s}] registry v{reg}: champion {format_interval(c.champion.model_dump())} -> "
+            assert (f"  [{kind:7s}] toolset v{reg}: champion {format_interval(c.champion.model_dump())} -> "
                     f"challenger {format_interval(c.challenger.model_dump())}  "
                     f"diff {format_interval(c.difference.model_dump(), points=True)}") in lines
     assert "  decision: PROMOTED evergreen-agent version 4; aliases {'champion': '4', 'previous': '3'}" in lines
@@ -190,5 +190,5 @@ def test_a_run_that_failed_before_its_first_file_still_formats(tmp_path):
     assert s.status == "failed" and s.started_at is None and s.wall_s is None and s.trigger == {}
     assert s.signals.retrain is None and s.signals.tooldiff == {"breaking": 0, "summary": None, "changes": []}
     text = format_summary(s)
-    assert ": FAILED" in text and "  trigger: None" in text
+    assert ": FAILED" in text and "  trigger: unknown" in text
     assert json.loads(s.model_dump_json())["status"] == "failed"
