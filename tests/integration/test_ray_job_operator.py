@@ -28,8 +28,9 @@ os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 import structlog.testing  # noqa: E402
 from airflow.sdk.exceptions import AirflowException, TaskDeferred  # noqa: E402
 
-from operators.ray_job import RayJobHook, RayJobOperator, default_submission_id  # noqa: E402
-from operators.triggers import RayJobTrigger  # noqa: E402
+from hooks.ray_jobs import RayJobHook, job_ended  # noqa: E402
+from operators.ray_job import RayJobOperator, default_submission_id  # noqa: E402
+from triggers.ray_job import RayJobTrigger  # noqa: E402
 
 pytestmark = pytest.mark.integration
 
@@ -127,10 +128,11 @@ async def _events(trigger: RayJobTrigger) -> list:
     return [e.payload async for e in trigger.run()]
 
 
-def _wait_status(hook: RayJobHook, job_id: str, want: set[str], timeout: float = 30) -> str:
+def _wait_status(hook: RayJobHook, job_id: str, want: set[str] | None = None, timeout: float = 30) -> str:
+    """Poll until the job's status is in `want` (None: until it has ended, by Ray's JobStatus.is_terminal)."""
     deadline = time.monotonic() + timeout
-    while (status := hook.status(job_id)) not in want:
-        assert time.monotonic() < deadline, f"job {job_id} still {status}, wanted {want}"
+    while not ((status := hook.status(job_id)) in want if want else job_ended(status)):
+        assert time.monotonic() < deadline, f"job {job_id} still {status}, wanted {want or 'an end'}"
         time.sleep(0.3)
     return status
 
@@ -139,12 +141,29 @@ def _sid(name: str) -> str:
     return f"test-{name}-{secrets.token_hex(3)}"
 
 
-def test_trigger_streams_lines_while_job_runs_then_fires_succeeded(hook, cluster):
-    code = "import time\nfor i in range(3):\n    print('eg-line', i, flush=True); time.sleep(0.5)\ntime.sleep(5)"
+def test_trigger_streams_lines_while_job_runs_then_fires_succeeded(hook, cluster, tmp_path):
+    # event-driven, no sleep decides it: the job prints its lines, then waits for a file that the test
+    # creates only once the trigger has logged the last line, so the lines are streamed while it runs
+    release = tmp_path / "release"
+    code = ("import os, sys, time\nfor i in range(3):\n    print('eg-line', i, flush=True)\n"
+            "deadline = time.time() + 120\n"
+            f"while not os.path.exists({str(release)!r}) and time.time() < deadline:\n    time.sleep(0.05)\n"
+            f"sys.exit(0 if os.path.exists({str(release)!r}) else 3)")
     job_id = hook.submit(f'python -c "{code}"', _sid("ok"), runtime_env={})
-    trigger = RayJobTrigger(job_id, cluster["dashboard_url"], cluster["env"], poll_interval=0.3, timeout=60)
+    trigger = RayJobTrigger(job_id, cluster["dashboard_url"], cluster["env"], poll_interval=0.3, timeout=150)
+    last_line = f"[ray job {job_id}] eg-line 2"
+
+    async def follow_then_release(logs: list[dict]) -> list:
+        events = asyncio.create_task(_events(trigger))
+        while not any(r["event"] == last_line for r in logs):
+            assert not events.done(), f"the trigger ended before streaming the job's lines: {events.result()}"
+            await asyncio.sleep(0.05)
+        assert not events.done(), "the trigger fired before the job was released"
+        release.touch()
+        return await asyncio.wait_for(events, timeout=120)
+
     with structlog.testing.capture_logs() as logs:
-        events = asyncio.run(_events(trigger))
+        events = asyncio.run(follow_then_release(logs))
 
     assert len(events) == 1
     event = events[0]
@@ -152,10 +171,8 @@ def test_trigger_streams_lines_while_job_runs_then_fires_succeeded(hook, cluster
     messages = [r["event"] for r in logs]
     streamed = [m for m in messages if m.startswith(f"[ray job {job_id}] eg-line")]
     assert streamed == [f"[ray job {job_id}] eg-line {i}" for i in range(3)], messages
-    # streamed live: the first line reached the log before the trigger saw the job end (the job waits 5 s
-    # after its last line; the websocket tail delivered lines within about 4 s on a busy 2-core machine)
     done = next(i for i, m in enumerate(messages) if m.startswith(f"Ray job {job_id} is SUCCEEDED"))
-    assert messages.index(streamed[0]) < done, messages
+    assert messages.index(streamed[-1]) < done, messages
     assert [f"eg-line {i}" for i in range(3)] == [line for line in event["log_tail"] if line.startswith("eg-line")]
 
 
@@ -225,8 +242,8 @@ def test_on_kill_stops_the_job_and_so_does_the_triggers(hook, cluster):
     trigger = RayJobTrigger(other, cluster["dashboard_url"], cluster["env"])
     asyncio.run(trigger.on_kill())  # the user killed the deferred task: the triggerer's kill
     assert deferred.value.trigger.job_id == op.job_id
-    assert _wait_status(hook, op.job_id, {"STOPPED", "FAILED", "SUCCEEDED"}) == "STOPPED"
-    assert _wait_status(hook, other, {"STOPPED", "FAILED", "SUCCEEDED"}) == "STOPPED"
+    assert _wait_status(hook, op.job_id) == "STOPPED"
+    assert _wait_status(hook, other) == "STOPPED"
 
 
 def test_trigger_times_out_and_the_operator_stops_the_job(hook, cluster):
@@ -239,7 +256,7 @@ def test_trigger_times_out_and_the_operator_stops_the_job(hook, cluster):
     op = RayJobOperator(task_id="slow", cluster=cluster, entrypoint="unused")
     with pytest.raises(AirflowException, match=f"Ray job {job_id} TIMEOUT"):
         op.execute_complete(_context("slow"), event)
-    assert _wait_status(hook, job_id, {"STOPPED", "FAILED", "SUCCEEDED"}) == "STOPPED"
+    assert _wait_status(hook, job_id) == "STOPPED"
 
 
 def test_default_working_dir_makes_the_project_importable(cluster):
@@ -258,4 +275,4 @@ def test_wrong_token_is_refused_without_echoing_it(cluster):
     assert wrong not in str(err.value) and real not in str(err.value)
     assert real not in repr(RayJobHook.from_cluster(cluster))
     with pytest.raises(ValueError, match="RAY_AUTH_TOKEN_PATH"):
-        RayJobHook(cluster["dashboard_url"], {"RAY_AUTH_MODE": "token"})
+        RayJobHook(cluster["dashboard_url"], {"RAY_AUTH_MODE": "token"}).get_conn()

@@ -14,10 +14,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from operators.kuberay import validate_raycluster
+from hooks.kuberay_manifest import validate_raycluster
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "include" / "deploy"
+# what the image needs of the repository: the DAGs, the provider (hooks, operators, triggers), plugins, tasks, inputs
+SOURCE_FOLDERS = ("dags", "hooks", "operators", "triggers", "plugins", "tasks", "include")
 
 
 def _load(rel: str):
@@ -153,9 +155,9 @@ def test_dockerfile_builds_on_airflow_3_3_2_and_installs_the_requirements_like_t
     assert re.search(r"COPY [^\n]*requirements\.txt requirements-gpu\.txt /tmp/evergreen/", text)
 
 
-def test_dockerfile_copies_the_five_source_folders_and_configures_airflow():
+def test_dockerfile_copies_the_source_folders_and_configures_airflow():
     text = _dockerfile()
-    for folder in ("dags", "operators", "plugins", "tasks", "include"):
+    for folder in SOURCE_FOLDERS:
         assert re.search(rf"^COPY --chown=airflow:root {folder} /opt/airflow/evergreen/{folder}$", text, flags=re.M), folder
     for setting in ("PYTHONPATH=/opt/airflow/evergreen", "AIRFLOW__CORE__DAGS_FOLDER=/opt/airflow/evergreen/dags",
                     "AIRFLOW__CORE__PLUGINS_FOLDER=/opt/airflow/evergreen/plugins"):
@@ -168,5 +170,5 @@ def test_dockerignore_keeps_local_state_out():
     patterns = {line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
                 if line.strip() and not line.startswith("#")}
     assert {".venv", "runs", ".git", ".stack", "test-artifacts"} <= patterns
-    for needed in ("dags", "operators", "plugins", "tasks", "include", "requirements.txt", "requirements-gpu.txt"):
+    for needed in (*SOURCE_FOLDERS, "requirements.txt", "requirements-gpu.txt"):
         assert needed not in patterns

@@ -1,4 +1,4 @@
-"""operators/kuberay.py: render_raycluster (pure) and KubeRayHook's API calls.
+"""hooks/kuberay_manifest.py (render_raycluster, pure) and hooks/kuberay.py (KubeRayHook's API calls).
 
     pytest -q tests/unit/operators/test_kuberay.py        # a few seconds
 
@@ -27,13 +27,11 @@ from urllib.parse import parse_qs, urlparse
 import pytest
 import yaml
 
-from operators.kuberay import (
+from hooks.kuberay import KubeRayError, KubeRayHook, KubeRayTimeout
+from hooks.kuberay_manifest import (
     RAYCLUSTER_TEMPLATE,
     RUN_KEY_LABEL,
-    KubeRayError,
-    KubeRayHook,
     KubeRayManifestError,
-    KubeRayTimeout,
     label_value,
     render_raycluster,
     validate_raycluster,
@@ -314,7 +312,8 @@ def test_template_problems_name_the_file(tmp_path):
 
 def test_import_does_no_work():
     # DAG parsing imports operators; the kubernetes client must only load when a hook is used
-    code = "import sys, operators.kuberay; print('kubernetes' in sys.modules)"
+    code = ("import sys, hooks.kuberay, hooks.kuberay_manifest, operators.ray_cluster; "
+            "print('kubernetes' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60,
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert out.returncode == 0, out.stderr
