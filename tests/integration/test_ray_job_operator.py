@@ -131,10 +131,12 @@ async def _events(trigger: RayJobTrigger) -> list:
 def _wait_status(hook: RayJobHook, job_id: str, want: set[str] | None = None, timeout: float = 30) -> str:
     """Poll until the job's status is in `want` (None: until it has ended, by Ray's JobStatus.is_terminal)."""
     deadline = time.monotonic() + timeout
-    while not ((status := hook.status(job_id)) in want if want else job_ended(status)):
+    while True:
+        status = hook.status(job_id)
+        if (status in want) if want else job_ended(status):
+            return status
         assert time.monotonic() < deadline, f"job {job_id} still {status}, wanted {want or 'an end'}"
         time.sleep(0.3)
-    return status
 
 
 def _sid(name: str) -> str:
