@@ -173,7 +173,7 @@ class EvalSettings(_Section):
                                           "'eval' (the gate's; no setting may be chosen on it) or 'dev' (for tuning "
                                           "trials); both are disjoint from all training content by construction")
     samples: int = Field(4, ge=1, description="sampled attempts per task at the rollout temperature")
-    bootstrap_resamples: int = Field(2000, ge=100, description="paired-bootstrap resamples for intervals")
+    interval_resamples: int = Field(2000, ge=100, description="paired-bootstrap resamples for intervals")
     confidence: float = Field(0.95, gt=0.5, lt=1, description="confidence level of the intervals")
 
 

@@ -80,7 +80,7 @@ def validate_evals(settings, rd) -> dict:
     e = settings.eval
     tables = {(who, t): eval_table(rd, who, t) for who in ("champion", "challenger") for t in toolsets(settings)}
     comparisons = Comparisons(evals_valid=True, **{
-        kind: {t: compare(tables["challenger", t], tables["champion", t], f"{kind}_success", e.bootstrap_resamples,
+        kind: {t: compare(tables["challenger", t], tables["champion", t], f"{kind}_success", e.interval_resamples,
                           e.confidence) for t in toolsets(settings)} for kind in ("sampled", "greedy")})
     tracker = tracker_of(settings)
     docs = rd.path / "gx_docs_evals"  # GX data docs of the eval tables: where a failed validation points

@@ -64,7 +64,7 @@ def settings(tmp_path_factory):
         "run_dir": str(tmp_path_factory.mktemp("run")),
         "rollout": {"num_workers": 2, "group_size": 8},
         "grpo": {"steps": 4, "tasks_per_step": 4, "checkpoint_every": 2},
-        "eval": {"num_tasks": 10, "samples": 1, "bootstrap_resamples": 200},
+        "eval": {"num_tasks": 10, "samples": 1, "interval_resamples": 200},
         "env": {"max_tokens_per_turn": 48},
     })
 

@@ -46,7 +46,7 @@ def recorder(monkeypatch):
 
 def _settings(tmp_path):
     return load_settings(environ={}, overrides={"run_dir": str(tmp_path),
-                                                "eval": {"num_tasks": N, "bootstrap_resamples": 200}})
+                                                "eval": {"num_tasks": N, "interval_resamples": 200}})
 
 
 def _rd(settings):
