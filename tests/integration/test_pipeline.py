@@ -37,7 +37,7 @@ def test_the_command_line_demo_runs_the_stages_and_writes_their_artifacts(settin
     summary = RunSummary.model_validate_json(runs[0].read_text())
     assert summary.status in ("promoted", "not_promoted") and summary.trigger["kind"] == "cli"
     assert summary.trigger["asset_events"][0]["extra"]["retrain"], "the monitor's check asked for retraining"
-    assert "registry v2" in out and "registry v1" in out and "decision:" in out
+    assert "toolset v2" in out and "toolset v1" in out and "decision:" in out
     for kind in ("greedy", "sampled"):
         for toolset in ("1", "2"):
             d = getattr(summary, kind)[toolset].difference
