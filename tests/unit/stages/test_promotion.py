@@ -115,20 +115,16 @@ def test_a_budget_under_the_cost_refuses(tmp_path):
     assert gate(settings, rd)["promote"] is True
 
 
-def test_a_gain_under_the_threshold_refuses(tmp_path):
-    settings, rd = make_run(tmp_path, target=(9, 11))
+@pytest.mark.parametrize("run, check, reason", [
+    ({"target": (9, 11)}, "target_gain", "target gain not shown"),          # a gain under the threshold
+    ({"guard": (27, 18)}, "guard:registry_v1", "may have regressed"),       # a regression on the guard
+])
+def test_one_failed_check_refuses_and_says_why(tmp_path, run, check, reason):
+    settings, rd = make_run(tmp_path, **run)
     cost(settings, rd)
     out = gate(settings, rd)
-    assert out["promote"] is False and failed(rd) == ["target_gain"]
-    assert "target gain not shown" in out["reasons"][0]
-
-
-def test_a_regression_on_the_guard_refuses(tmp_path):
-    settings, rd = make_run(tmp_path, guard=(27, 18))
-    cost(settings, rd)
-    out = gate(settings, rd)
-    assert out["promote"] is False and failed(rd) == ["guard:registry_v1"]
-    assert "may have regressed" in out["reasons"][0]
+    assert out["promote"] is False and failed(rd) == [check]
+    assert reason in out["reasons"][0]
 
 
 def test_a_gain_that_does_not_pay_for_the_run_refuses(tmp_path):
