@@ -63,8 +63,10 @@ class ModelSettings(_Section):
 
 class EnvSettings(_Section):
     name: str = Field("desk", description="environment name (tasks.envs.ENVIRONMENTS)")
-    champion_toolset: str = Field("1", description="toolset (version of the tool registry) the champion was trained for: a version or a JSON path")
-    target_toolset: str = Field("2", description="toolset in production now, the one a run trains for: version or JSON path")
+    champion_toolset: str = Field("1", description="toolset (a version of the tool registry) the champion was "
+                                  "trained for: a version (include/tools/registry_v<N>.json) or a JSON path")
+    target_toolset: str = Field("2", description="toolset in production now, the one a run trains for: a version "
+                                "or a JSON path")
     max_turns: int = Field(4, ge=1, description="assistant turns before an episode ends without answer")
     max_tokens_per_turn: int = Field(96, ge=8, description="generation limit of one assistant turn")
 
