@@ -23,6 +23,7 @@ import hashlib
 import logging
 import re
 import time
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,7 +43,7 @@ def kuberay_name(run_key: str) -> str:
 
 
 @dataclass
-class ClusterBackend:
+class ClusterBackend(ABC):
     """How one kind of Ray cluster is set up for a run and torn down after it.
 
     run_key: the run the cluster belongs to (names, temp dirs and labels derive from it);
@@ -54,13 +55,13 @@ class ClusterBackend:
     kuberay_conn_id: str | None = KubeRayHook.default_conn_name
     log: logging.Logger = field(default_factory=lambda: logging.getLogger(__name__), repr=False)
 
+    @abstractmethod
     def setup(self, settings) -> dict:
         """Start or find the cluster; returns its description (tasks.stages.contracts.ClusterInfo's fields)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def teardown(self, settings) -> dict:
         """End what setup started (safe to call when setup never ran or half ran); returns {"stopped": n}."""
-        raise NotImplementedError
 
 
 class LocalCluster(ClusterBackend):

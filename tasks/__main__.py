@@ -158,8 +158,8 @@ def _evaluate_pool(pool, settings, toolsets: list[str]) -> dict:
     out = {}
     for toolset in toolsets:
         t0 = time.time()
-        out[toolset] = pool.score_attempts(eval_tasks(settings, toolset), settings.eval.samples, settings.rollout.temperature,
-                                     settings.eval.seed)
+        out[toolset] = pool.score_attempts(eval_tasks(settings, toolset), settings.eval.samples,
+                                           settings.rollout.temperature, settings.eval.seed)
         s = out[toolset].summary("sampled_success", settings.eval.interval_resamples, settings.eval.confidence)
         logging.getLogger("tasks").info(
             "eval v%s policy v%d: sampled success %.3f [%.3f, %.3f], greedy %.3f (%.1fs)", toolset, pool.policy_version,

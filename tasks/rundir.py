@@ -14,6 +14,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from tasks.storage import write_atomic
+
 
 @dataclass(frozen=True)
 class RunDir:
@@ -40,8 +42,6 @@ class RunDir:
 
     def write(self, data, *parts: str) -> Path:
         """JSON of `data` at `parts` (a pydantic model is dumped in JSON mode)."""
-        from tasks.storage import write_atomic
-
         if hasattr(data, "model_dump_json"):
             text = data.model_dump_json(indent=1)
         else:
@@ -50,8 +50,6 @@ class RunDir:
 
     def write_lines(self, rows, *parts: str) -> Path:
         """JSON lines, one per row (eval tables, task lists)."""
-        from tasks.storage import write_atomic
-
         return write_atomic(self.file(*parts), "".join(json.dumps(r) + "\n" for r in rows))
 
     def read_lines(self, *parts: str) -> list[dict]:

@@ -28,7 +28,7 @@ class EvalResult:
 
 
 def score_attempts(backend, tasks: list[Task], tokenizer, samples: int, temperature: float, seed: int,
-             env_limits: dict | None = None, first_index: int = 0) -> EvalResult:
+                   env_limits: dict | None = None, first_index: int = 0) -> EvalResult:
     """Greedy and `samples` sampled attempts per task; seeds depend on the task's index in the whole set
     (`first_index` + position), so any split of the set over workers gives the same results."""
     limits = env_limits or {}

@@ -115,7 +115,7 @@ def _all_reduce(tensors: list[torch.Tensor]) -> None:
 
 
 def grpo_step(model, optimizer, records: list[dict], settings, pad_id: int, ref_model=None,
-                demos: list | None = None, rank: int = 0, world: int = 1) -> dict:
+              demos: list | None = None, rank: int = 0, world: int = 1) -> dict:
     """One GRPO update from a batch of rollout records; returns its metrics.
 
     Every worker gets the whole batch: advantages and the set of episodes in the loss are computed on

@@ -45,8 +45,8 @@ def evaluate(settings, rd) -> dict:
             seconds = pool.load_weights(load_file(weights), version=version)
             log.info("%s weights loaded into %d engines in %.3fs", who, len(pool.actors), seconds)
             for toolset in toolsets(settings):
-                result = pool.score_attempts(load_tasks(rd, toolset), settings.eval.samples, settings.rollout.temperature,
-                                       settings.eval.seed)
+                result = pool.score_attempts(load_tasks(rd, toolset), settings.eval.samples,
+                                             settings.rollout.temperature, settings.eval.seed)
                 rd.write_lines(result.table, f"eval_{who}_v{toolset}.jsonl")
                 out.setdefault(who, {})[toolset] = {"greedy": result.summary("greedy_success")["mean"],
                                                     "sampled": result.summary("sampled_success")["mean"]}
