@@ -44,12 +44,24 @@ class _Section(BaseModel):
 
 
 class ModelSettings(_Section):
-    hidden_size: int = Field(128, gt=0, description="width of the tiny Llama built from config")
-    num_layers: int = Field(4, gt=0, description="decoder layers")
-    num_heads: int = Field(4, gt=0, description="attention heads; must divide hidden_size")
-    intermediate_size: int = Field(384, gt=0, description="MLP width")
-    max_len: int = Field(512, ge=128, description="context length (positions) of model and engines")
-    seed: int = Field(0, description="seed of the initial random weights")
+    name_or_path: str | None = Field(None, description="the first champion's checkpoint: a local Hugging Face model "
+                                     "directory, s3://bucket/prefix, models:/name@alias, or a Hub id where a hub is "
+                                     "reachable; it needs its tokenizer and a tool-calling chat template. Unset = the "
+                                     "embedded default, a tiny Llama built from the fields below")
+    revision: str | None = Field(None, description="Hub revision (branch, tag or commit) of name_or_path")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="weights' dtype in trainer and "
+                                                              "engines (float32 on CPU)")
+    trust_remote_code: bool = Field(False, description="run the checkpoint's own modelling code; off unless you "
+                                    "trust its source")
+    tool_call_parser: str = Field("hermes", description="vLLM tool parser that reads the model's calls (hermes: "
+                                  "Qwen2.5/Qwen3/Hermes and the default; llama3_json, mistral, ...), the same in "
+                                  "rollouts, evals, the simulator and `make serve`")
+    hidden_size: int = Field(128, gt=0, description="embedded default: width of the tiny Llama")
+    num_layers: int = Field(4, gt=0, description="embedded default: decoder layers")
+    num_heads: int = Field(4, gt=0, description="embedded default: attention heads; must divide hidden_size")
+    intermediate_size: int = Field(384, gt=0, description="embedded default: MLP width")
+    max_len: int = Field(512, ge=128, description="context length (positions) of engines and episodes")
+    seed: int = Field(0, description="embedded default: seed of the initial random weights")
 
     @field_validator("num_heads")
     @classmethod

@@ -34,5 +34,5 @@ def get_env(name: str) -> Environment:
         raise KeyError(f"unknown environment {name!r}; known: {sorted(ENVIRONMENTS)}") from None
 
 
-def new_episode(task: Task, tokenizer, **limits) -> Episode:
-    return Episode(task, tokenizer, get_env(task.env).make_service(task), **limits)
+def new_episode(task: Task, chat, **limits) -> Episode:
+    return Episode(task, chat, get_env(task.env).make_service(task), **limits)

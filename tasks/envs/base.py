@@ -1,17 +1,18 @@
-"""The environment interface (NeMo Gym-like): tasks, tool-call parsing, schema checks, episodes, verifier.
+"""The environment interface (NeMo Gym-like): tasks, schema checks, episodes, verifier.
 
 A Task is a question, the tools offered (OpenAI function-tool schemas), the tool service that answers
 calls, and the verifier's data. An Episode is the multi-turn loop, kept as a state machine so that any
 generation backend can drive many episodes at once:
 
-    ep = Episode(task, tokenizer, service)      # service: the task's ToolService
+    ep = Episode(task, chat, service)           # chat: the model's ChatFormat; service: the task's ToolService
     while not ep.done:
-        ids = ep.prompt_ids()                    # everything so far + <|assistant|>
+        ids = ep.prompt_ids()                    # everything so far + the template's generation prompt
         ep.add_completion(completion_ids, logprobs)   # parse -> check -> execute -> tool message
 
-The model's tool-call format is `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`; a turn
-without a tool call is the final answer. Malformed output never raises: it earns a tool error message
-(so the model may retry), a lower format/validity score and a reason.
+Prompts come from the model's chat template (the tools passed as `tools=`) and calls are read by the
+model's vLLM tool parser (tasks/policy/chat.py); a turn without a call attempt is the final answer.
+Malformed output never raises: it earns a tool error message (so the model may retry), a lower
+format/validity score and a reason.
 
 Reward = 0.1 * format + 0.1 * call_validity + 0.8 * correct, each in [0, 1]. A call is valid when it
 fits its schema *and* the service answers it (a refusal or a tool failure is not). An answer is correct
@@ -23,17 +24,16 @@ matching value): those return the right value without solving anything.
 """
 from __future__ import annotations
 
-import json
-import re
+import logging
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from tasks.policy.tokenizer import EOS, TOOL_CALL_CLOSE, TOOL_CALL_OPEN, CharTokenizer
+from tasks.policy.chat import ChatFormat, ParsedTurn
+
+log = logging.getLogger(__name__)
 
 REWARD_WEIGHTS = {"format": 0.1, "call_validity": 0.1, "correct": 0.8}
-_CALL_RE = re.compile(re.escape(TOOL_CALL_OPEN) + r"(.*?)(" + re.escape(TOOL_CALL_CLOSE) + r"|$)", re.S)
 _JSON_TYPES = {"integer": int, "number": (int, float), "string": str, "boolean": bool, "object": dict, "array": list}
-TYPE_ABBREV = {"integer": "int", "number": "num", "string": "str", "boolean": "bool", "object": "obj", "array": "list"}
 
 
 @dataclass
@@ -72,40 +72,6 @@ class ToolService(Protocol):
     def solves(self, name: str, arguments: dict) -> bool: ...
 
 
-@dataclass
-class ParsedCall:
-    name: str | None
-    arguments: dict | None
-    error: str | None  # why the block could not be read as a call
-
-
-def parse_tool_calls(text: str) -> list[ParsedCall]:
-    """Every `<tool_call>` block in a completion, each parsed or with the reason it failed."""
-    calls = []
-    for m in _CALL_RE.finditer(text):
-        body, closed = m.group(1).strip(), bool(m.group(2))
-        if not closed:
-            calls.append(ParsedCall(None, None, "tool call not closed with </tool_call>"))
-            continue
-        try:
-            obj = json.loads(body)
-        except json.JSONDecodeError as e:
-            calls.append(ParsedCall(None, None, f"tool call is not valid JSON ({e.msg} at char {e.pos})"))
-            continue
-        except (ValueError, RecursionError) as e:  # e.g. a 5000-digit integer, or [[[[... nested too deep
-            calls.append(ParsedCall(None, None, f"tool call is not valid JSON ({type(e).__name__})"))
-            continue
-        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-            calls.append(ParsedCall(None, None, 'tool call must be an object with a string "name"'))
-            continue
-        args = obj.get("arguments", {})
-        if not isinstance(args, dict):
-            calls.append(ParsedCall(obj["name"], None, '"arguments" must be an object'))
-            continue
-        calls.append(ParsedCall(obj["name"], args, None))
-    return calls
-
-
 def check_arguments(tool: dict, arguments: dict) -> str | None:
     """None when `arguments` fit the tool's JSON schema (required, no extras, types, enums); else why not."""
     params = tool["function"].get("parameters", {})
@@ -126,28 +92,21 @@ def check_arguments(tool: dict, arguments: dict) -> str | None:
     return None
 
 
-def render_tools(tools: list[dict]) -> str:
-    """The compact tool listing shown in the system prompt: `name(arg:type,...) - first sentence`."""
-    lines = []
-    for t in tools:
-        fn = t["function"]
-        props = fn.get("parameters", {}).get("properties", {})
-        args = ",".join(f"{k}:{TYPE_ABBREV.get(v.get('type', 'string'), 'str')}" for k, v in props.items())
-        desc = fn.get("description", "").split(".")[0]
-        lines.append(f"{fn['name']}({args}) - {desc}")
-    return "\n".join(lines)
-
-
 def normalise_answer(text: str) -> str:
     return text.strip().strip(".").strip().lower()
 
 
 @dataclass
 class Episode:
-    """The multi-turn loop for one task, driven token by token from outside."""
+    """The multi-turn loop for one task, driven token by token from outside.
+
+    `messages` is the OpenAI chat conversation (the user's question, then assistant messages with
+    `tool_calls` and tool messages with `tool_call_id`); `token_ids` are the ids the policy ran on: the
+    template's rendering of the prompt, each turn's ids as generated, each tool message as the template
+    renders it (tasks.policy.chat.ChatFormat.extend), ending with the next generation prompt."""
 
     task: Task
-    tokenizer: CharTokenizer
+    chat: ChatFormat
     service: ToolService
     max_turns: int = 4
     max_tokens_per_turn: int = 96
@@ -163,17 +122,16 @@ class Episode:
     n_valid_calls: int = 0
     n_tool_errors: int = 0
     n_well_formed_turns: int = 0
+    template_mismatches: int = 0  # tool turns where the template would not render the ids the policy generated
     answered: list[tuple[str, dict, str]] = field(default_factory=list)  # (name, arguments, result) of successes
     end_reason: str = ""
     completion_tokens: int = 0
 
     def __post_init__(self):
-        self.messages = [
-            {"role": "system", "content": render_tools(self.task.tools)},
-            {"role": "user", "content": self.task.question},
-        ]
-        for m in self.messages:
-            self._append_ids(self.tokenizer.encode_message(m["role"], m["content"]))
+        # the environment's own keys (x-evergreen-*) stay out of the prompt
+        self.tools = [{"type": "function", "function": t["function"]} for t in self.task.tools]
+        self.messages = [{"role": "user", "content": self.task.question}]
+        self._append_ids(self.chat.prompt(self.messages, self.tools))
 
     def _append_ids(self, ids: list[int]) -> None:
         self.token_ids += ids
@@ -181,71 +139,88 @@ class Episode:
         self.logprobs += [0.0] * len(ids)
 
     def prompt_ids(self) -> list[int]:
-        """Token ids the backend continues from: the transcript so far plus the assistant role token."""
-        return self.token_ids + [self.tokenizer.assistant_id]
+        """Token ids the backend continues from: the transcript so far, ending with the generation prompt."""
+        return list(self.token_ids)
 
     def remaining_tokens(self) -> int:
-        return min(self.max_tokens_per_turn, self.max_len - len(self.token_ids) - 1)
+        return min(self.max_tokens_per_turn, self.max_len - len(self.token_ids))
+
+    def add_message(self, message: dict) -> None:
+        """An expert's assistant turn (a demonstration), as the ids the template gives for it."""
+        self.add_completion(self.chat.turn_ids(self.messages, self.tools, message))
 
     def add_completion(self, completion_ids: list[int], logprobs: list[float] | None = None) -> None:
         if self.done:
             raise RuntimeError(f"episode {self.task.task_id} is already done ({self.end_reason})")
-        self._append_ids([self.tokenizer.assistant_id])
         self.token_ids += list(completion_ids)
         self.loss_mask += [1] * len(completion_ids)
         self.logprobs += list(logprobs) if logprobs is not None else [0.0] * len(completion_ids)
         self.completion_tokens += len(completion_ids)
         self.turns += 1
-        ended = bool(completion_ids) and completion_ids[-1] == self.tokenizer.eos_id
-        text = self.tokenizer.decode(completion_ids[:-1] if ended else completion_ids)
-        self.messages.append({"role": "assistant", "content": text})
+        ended = bool(completion_ids) and completion_ids[-1] in self.chat.stop_ids
+        body = completion_ids[:-1] if ended else completion_ids
+        text = self.chat.decode(body)
         if not ended:
-            return self._finish(f"turn {self.turns} hit the {len(completion_ids)}-token limit without {EOS}")
-        if TOOL_CALL_OPEN not in text and TOOL_CALL_CLOSE not in text:
+            self.messages.append({"role": "assistant", "content": text})
+            return self._finish(f"turn {self.turns} hit the {len(completion_ids)}-token limit without a stop token")
+        turn = self.chat.parse(text)
+        if not turn.attempted:
+            self.messages.append({"role": "assistant", "content": text})
             self.answer = text
-            self.n_well_formed_turns += bool(text.strip()) and "<|" not in text
+            self.n_well_formed_turns += bool(text.strip()) and not any(i in self.chat.special_ids for i in body)
             return self._finish("final answer" if text.strip() else "empty final answer")
-        self._run_calls(text)
+        self._run_calls(text, turn)
         if self.turns >= self.max_turns:
             return self._finish(f"no final answer after {self.max_turns} turns")
         if self.remaining_tokens() < 8:
             return self._finish(f"context of {self.max_len} tokens exhausted")
 
-    def _run_calls(self, text: str) -> None:
-        calls = parse_tool_calls(text)
-        if not calls:  # a stray </tool_call> without an opening tag
-            calls = [ParsedCall(None, None, "tool call has no opening <tool_call>")]
+    def _run_calls(self, text: str, turn: ParsedTurn) -> None:
         results, well_formed = [], True
-        for call in calls:
+        for call in turn.calls:
             self.n_calls += 1
             if call.error:
                 well_formed = False
-                results.append(f"error: {call.error}")
+                results.append((call, f"error: {call.error}"))
                 continue
             tool = next((t for t in self.task.tools if t["function"]["name"] == call.name), None)
             if tool is None:
                 offered = ", ".join(t["function"]["name"] for t in self.task.tools)
-                results.append(f"error: unknown tool '{call.name}'; offered: {offered}")
+                results.append((call, f"error: unknown tool '{call.name}'; offered: {offered}"))
                 continue
             problem = check_arguments(tool, call.arguments)
             if problem:
-                results.append(f"error: {problem}")
+                results.append((call, f"error: {problem}"))
                 continue
             try:
-                results.append(str(self.service(call.name, call.arguments)))
+                results.append((call, str(self.service(call.name, call.arguments))))
             except ToolError as e:
                 self.n_tool_errors += 1
-                results.append(f"error: {e}")
+                results.append((call, f"error: {e}"))
             except Exception as e:  # a tool bug must not end the rollout batch
                 self.n_tool_errors += 1
-                results.append(f"error: tool failed ({type(e).__name__})")
+                results.append((call, f"error: tool failed ({type(e).__name__})"))
             else:
                 self.n_valid_calls += 1
-                self.answered.append((call.name, call.arguments, results[-1]))
+                self.answered.append((call.name, call.arguments, results[-1][1]))
         self.n_well_formed_turns += well_formed
-        content = "\n".join(results)
-        self.messages.append({"role": "tool", "content": content})
-        self._append_ids(self.tokenizer.encode_message("tool", content))
+        if well_formed:
+            ids = [f"call_{self.n_calls - len(results) + k + 1}" for k in range(len(results))]
+            self.messages.append({"role": "assistant", "content": turn.content, "tool_calls": [
+                {"id": i, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                for i, (c, _) in zip(ids, results)]})
+            self.messages += [{"role": "tool", "tool_call_id": i, "name": c.name, "content": r}
+                              for i, (c, r) in zip(ids, results)]
+        else:  # the calls could not be read: the raw text, and one error the policy can act on
+            self.messages.append({"role": "assistant", "content": text})
+            self.messages.append({"role": "tool", "content": "\n".join(r for _, r in results)})
+        new = len(results) if well_formed else 1  # tool messages after the assistant message
+        ids, matched = self.chat.extend(self.token_ids, self.messages, self.tools, new=new)
+        if not matched:
+            self.template_mismatches += 1
+            log.debug("episode %s turn %d: the template renders the policy's call differently from the ids it "
+                      "generated; training keeps the generated ids", self.task.task_id, self.turns)
+        self._append_ids(ids)
 
     def _finish(self, reason: str) -> None:
         self.done, self.end_reason = True, reason

@@ -16,7 +16,6 @@ and error while v1 (which accepts both) is unharmed.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import random
 from functools import lru_cache
@@ -304,8 +303,9 @@ def generate_tasks(n: int, seed: int, toolset: dict | None = None, families: tup
     return out
 
 
-def demonstration(task: Task, rng: random.Random) -> list[str]:
-    """An expert transcript for SFT: the assistant turns as text (a call, then the answer).
+def demonstration(task: Task, rng: random.Random) -> list[dict]:
+    """An expert transcript for SFT: the assistant turns as OpenAI messages (a call, then the answer),
+    which the model's chat template renders.
 
     Formats that the lenient v1 service accepts are chosen at random (word or symbol, name or symbol,
     any case), as in real v1 traffic where both worked.
@@ -322,9 +322,11 @@ def demonstration(task: Task, rng: random.Random) -> list[str]:
     args = {}
     for (name, spec), v in zip(props.items(), values):
         args[name] = str(v) if spec["type"] == "string" else v
-    call = json.dumps({"name": tool["function"]["name"], "arguments": args}, separators=(",", ":"))
-    result = DeskService(task.service["bindings"], strict=False)(tool["function"]["name"], args)
-    return [f"<tool_call>{call}</tool_call>", result]
+    name = tool["function"]["name"]
+    result = DeskService(task.service["bindings"], strict=False)(name, args)
+    call = {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": name, "arguments": args}}]}
+    return [call, {"role": "assistant", "content": result}]
 
 
 @lru_cache(maxsize=None)

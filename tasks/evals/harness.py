@@ -27,15 +27,15 @@ class EvalResult:
         return mean_ci(self.column(key), resamples=resamples, confidence=confidence)
 
 
-def score_attempts(backend, tasks: list[Task], tokenizer, samples: int, temperature: float, seed: int,
+def score_attempts(backend, tasks: list[Task], chat, samples: int, temperature: float, seed: int,
                    env_limits: dict | None = None, first_index: int = 0) -> EvalResult:
     """Greedy and `samples` sampled attempts per task; seeds depend on the task's index in the whole set
     (`first_index` + position), so any split of the set over workers gives the same results."""
     limits = env_limits or {}
-    greedy_eps = [new_episode(t, tokenizer, **limits) for t in tasks]
+    greedy_eps = [new_episode(t, chat, **limits) for t in tasks]
     backend.run_episodes(greedy_eps, Sampling(temperature=0.0, seed=seed),
                          episode_ids=[first_index + i for i in range(len(tasks))])
-    sampled_eps = [new_episode(t, tokenizer, **limits) for t in tasks for _ in range(samples)]
+    sampled_eps = [new_episode(t, chat, **limits) for t in tasks for _ in range(samples)]
     backend.run_episodes(sampled_eps, Sampling(temperature=temperature, seed=seed),
                          episode_ids=[(first_index + i) * 1000 + k for i in range(len(tasks)) for k in range(samples)])
     table = []

@@ -9,7 +9,9 @@
 - `HFBackend`: Hugging Face `generate`, batched per turn (all episodes still running take their next turn
   together); the fallback, and the peer in benchmarks.
 
-Both take and return token ids; the tokenizer never enters the engine (`skip_tokenizer_init`).
+Both take and return token ids: prompts are ids from the model's chat template and completions stay
+ids, never decoded and re-encoded between turns (tasks/policy/chat.py). The engine loads the model's
+own tokenizer only to know its stop tokens.
 """
 from __future__ import annotations
 
@@ -37,8 +39,8 @@ class Sampling:
 class HFBackend:
     name = "hf"
 
-    def __init__(self, model, tokenizer, threads: int | None = None):
-        self.model, self.tokenizer = model, tokenizer
+    def __init__(self, model, chat, threads: int | None = None):
+        self.model, self.chat = model, chat
         if threads:
             torch.set_num_threads(threads)
 
@@ -48,9 +50,9 @@ class HFBackend:
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], max_tokens: list[int], sampling: Sampling, gen_seed: int):
         """(completion ids, sampled-token logprobs) per prompt, one left-padded `generate` call."""
-        tok = self.tokenizer
+        chat = self.chat
         width = max(len(p) for p in prompts)
-        ids = torch.full((len(prompts), width), tok.pad_id, dtype=torch.long)
+        ids = torch.full((len(prompts), width), chat.pad_id, dtype=torch.long)
         attn = torch.zeros_like(ids)
         for i, p in enumerate(prompts):
             ids[i, width - len(p):] = torch.tensor(p)
@@ -60,7 +62,8 @@ class HFBackend:
         out = self.model.generate(
             input_ids=ids, attention_mask=attn, max_new_tokens=max(max_tokens), do_sample=not greedy,
             temperature=None if greedy else sampling.temperature, top_k=None, top_p=None,
-            eos_token_id=tok.eos_id, pad_token_id=tok.pad_id, output_scores=True, return_dict_in_generate=True,
+            eos_token_id=sorted(chat.stop_ids), pad_token_id=chat.pad_id, output_scores=True,
+            return_dict_in_generate=True,
         )
         new = out.sequences[:, width:]
         scores = torch.stack(out.scores, dim=1).float().log_softmax(-1)  # [B, new, V], after temperature
@@ -71,7 +74,7 @@ class HFBackend:
             for t in range(min(new.shape[1], max_tokens[i])):
                 toks.append(int(new[i, t]))
                 lps.append(float(chosen[i, t]))
-                if toks[-1] == tok.eos_id:
+                if toks[-1] in chat.stop_ids:
                     break
             results.append((toks, lps))
         return results
@@ -136,7 +139,7 @@ class VLLMBackend:
     name = "vllm"
 
     def __init__(self, model_dir: str, max_len: int = 512, kv_cache_mb: int = 256, seed: int = 0,
-                 weight_transfer: str | None = None):
+                 weight_transfer: str | None = None, dtype: str = "float32"):
         """`weight_transfer`: a vLLM weight-transfer backend ("gloo" or "nccl"; tasks/rl/weight_transfer.py)
         to build the engine with, so that a trainer can broadcast weights into it."""
         # In-process engine (no engine-core subprocess inside a Ray actor or a test). On CPU the
@@ -151,7 +154,7 @@ class VLLMBackend:
             extra["weight_transfer_config"] = engine_transfer_config(weight_transfer)
         with _unbound_proxies_hidden():
             self.llm = LLM(
-                model=str(model_dir), skip_tokenizer_init=True, dtype="float32", max_model_len=max_len,
+                model=str(model_dir), dtype=dtype, max_model_len=max_len,
                 distributed_executor_backend="uni", enforce_eager=True, seed=seed, disable_log_stats=True,
                 # gpu_memory_utilization is a share of the NUMA node's RAM on CPU, minus the process itself:
                 # a small share goes negative. An explicit KV budget is predictable (4 KiB/token here).

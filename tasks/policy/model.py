@@ -1,39 +1,48 @@
 """Hugging Face causal LMs: build the tiny default from config, save, and load from a dir, s3:// or models:/.
 
-The embedded default is a Llama-architecture model (about 0.9M parameters) with the character
-tokenizer of tasks/policy/tokenizer.py; nothing is downloaded. A model directory is a plain
-`save_pretrained` folder (config.json + model.safetensors) plus `evergreen_tokenizer.json`.
+A model directory is a standard Hugging Face checkpoint: `save_pretrained` of the model (config.json,
+generation_config.json, model.safetensors) and of its tokenizer with its chat template, plus
+checksums.json (and the toolset it was trained for). The embedded default is a Llama-architecture model
+(about 0.9M parameters) with the character-level tokenizer of tasks/policy/tokenizer.py; nothing is
+downloaded. Any other causal LM with a tool-calling chat template loads the same way (`model.name_or_path`).
 """
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
 import torch
 
 from tasks import storage
-from tasks.policy.tokenizer import CharTokenizer
+from tasks.policy.chat import ChatFormat
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def build_model(model_settings, tokenizer: CharTokenizer | None = None):
+def build_model(model_settings, chat: ChatFormat | None = None) -> tuple:
+    """(the tiny Llama of the embedded default with random weights, its ChatFormat)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    tokenizer = tokenizer or CharTokenizer()
+    from tasks.policy.tokenizer import char_tokenizer
+
+    chat = chat or ChatFormat(char_tokenizer(), model_settings.tool_call_parser)
+    tok = chat.tokenizer
     cfg = LlamaConfig(
-        vocab_size=tokenizer.vocab_size, hidden_size=model_settings.hidden_size,
+        vocab_size=len(tok), hidden_size=model_settings.hidden_size,
         intermediate_size=model_settings.intermediate_size, num_hidden_layers=model_settings.num_layers,
         num_attention_heads=model_settings.num_heads, num_key_value_heads=model_settings.num_heads,
-        max_position_embeddings=model_settings.max_len, bos_token_id=tokenizer.bos_id,
-        eos_token_id=tokenizer.eos_id, pad_token_id=tokenizer.pad_id, tie_word_embeddings=False,
-        torch_dtype="float32",
+        max_position_embeddings=model_settings.max_len, bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id, pad_token_id=chat.pad_id, tie_word_embeddings=False,
+        dtype="float32",
     )
     torch.manual_seed(model_settings.seed)
-    return LlamaForCausalLM(cfg), tokenizer
+    return LlamaForCausalLM(cfg), chat
 
 
-def save_model(model, tokenizer: CharTokenizer, directory: str | Path, toolset: dict | None = None) -> Path:
+def save_model(model, chat: ChatFormat, directory: str | Path, toolset: dict | None = None) -> Path:
     """Write atomically: a half-written model directory is never visible under its final name.
 
     `toolset` is the version of the tool registry the model was trained for, kept beside the weights so that a
@@ -43,7 +52,7 @@ def save_model(model, tokenizer: CharTokenizer, directory: str | Path, toolset: 
     directory.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
     model.save_pretrained(tmp, safe_serialization=True)
-    tokenizer.save(tmp)
+    chat.tokenizer.save_pretrained(tmp)
     if toolset is not None:
         from tasks.envs.toolset import TOOLSET_FILENAME
 
@@ -53,15 +62,15 @@ def save_model(model, tokenizer: CharTokenizer, directory: str | Path, toolset: 
         old = directory.with_name(f".{directory.name}.old-{os.getpid()}")
         directory.rename(old)
         tmp.rename(directory)
-        import shutil
         shutil.rmtree(old, ignore_errors=True)
     else:
         tmp.rename(directory)
     return directory
 
 
-def resolve_model_dir(uri: str | Path, cache_dir: str | Path | None = None) -> Path:
-    """A local directory for `uri`: a path, `s3://bucket/prefix` (boto3) or `models:/name@alias` (MLflow)."""
+def resolve_model_dir(uri: str | Path, cache_dir: str | Path | None = None, revision: str | None = None) -> Path:
+    """A local directory for `uri`: a path, `s3://bucket/prefix` (boto3), `models:/name@alias` (MLflow), or a
+    Hugging Face Hub id (`org/name`, at `revision`) where a hub is reachable."""
     uri = str(uri)
     if uri.startswith("models:/") or uri.startswith("runs:/"):
         import mlflow
@@ -79,21 +88,46 @@ def resolve_model_dir(uri: str | Path, cache_dir: str | Path | None = None) -> P
             target.write_bytes(storage.read_bytes(file_uri))
         return dest
     path = Path(uri)
+    if not path.exists() and _looks_like_hub_id(uri):
+        return _hub_snapshot(uri, revision, cache_dir)
     if not (path / "config.json").exists():
         raise FileNotFoundError(f"{path} is not a saved model directory (no config.json); run `python -m tasks bootstrap` first")
     return path
 
 
-def load_model(uri: str | Path, cache_dir: str | Path | None = None):
-    """(model in eval mode, tokenizer, local directory) for a model URI; refuses files whose sha256
-    differs from the checksums.json written by save_model (storage.ChecksumError)."""
+def _looks_like_hub_id(uri: str) -> bool:
+    parts = uri.split("/")
+    return len(parts) == 2 and all(parts) and not uri.startswith((".", "~"))
+
+
+def _hub_snapshot(repo_id: str, revision: str | None, cache_dir) -> Path:
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(repo_id, revision=revision, cache_dir=str(cache_dir) if cache_dir else None))
+    except Exception as e:  # noqa: BLE001 - offline, unknown repo, gated repo: one message for each
+        raise FileNotFoundError(f"model.name_or_path={repo_id!r} is neither a local model directory nor a "
+                                f"Hugging Face Hub model this machine can download ({type(e).__name__}: {e})") from e
+
+
+def load_model(uri: str | Path, cache_dir: str | Path | None = None, model_settings=None, checksums: bool = True):
+    """(model in eval mode, its ChatFormat, local directory) for a model URI. The checksums written by
+    save_model are verified (storage.ChecksumError for a changed or missing file; `checksums=False` only for
+    a team's own checkpoint, which Evergreen did not save); `model_settings` gives dtype, revision,
+    trust_remote_code and the tool-call parser (their defaults without it)."""
     from transformers import AutoModelForCausalLM
 
-    directory = resolve_model_dir(uri, cache_dir)
-    storage.verify_manifest(directory)
-    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
+    from tasks.config import ModelSettings
+
+    ms = model_settings or ModelSettings()
+    directory = resolve_model_dir(uri, cache_dir, ms.revision)
+    if checksums:
+        storage.verify_manifest(directory)
+    chat = ChatFormat.load(directory, ms.tool_call_parser, ms.revision, ms.trust_remote_code)
+    model = AutoModelForCausalLM.from_pretrained(directory, dtype=DTYPES[ms.dtype], revision=ms.revision,
+                                                 trust_remote_code=ms.trust_remote_code)
     model.eval()
-    return model, CharTokenizer.load(directory), directory
+    return model, chat, directory
 
 
 def state_dict_cpu(model) -> dict[str, torch.Tensor]:

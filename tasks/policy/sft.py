@@ -22,7 +22,7 @@ from tasks.rl.grpo import pad_batch
 log = logging.getLogger(__name__)
 
 
-def demonstration_batch(env_name: str, tokenizer, n: int, seed: int, max_len: int,
+def demonstration_batch(env_name: str, chat, n: int, seed: int, max_len: int,
                         toolset: dict | None = None, split: str = "train") -> list[tuple[list[int], list[int]]]:
     """(token ids, loss mask) of `n` expert episodes, built through the real episode loop; random tool
     schemas (the bootstrap's), or a toolset's tools. Training content only: demonstrations of eval
@@ -31,9 +31,9 @@ def demonstration_batch(env_name: str, tokenizer, n: int, seed: int, max_len: in
     rng = random.Random(seed)
     out = []
     for task in env.generate_tasks(n, seed, toolset, split=split):
-        ep = new_episode(task, tokenizer, max_len=max_len)
-        for turn in env.demonstration(task, rng):
-            ep.add_completion(tokenizer.encode(turn) + [tokenizer.eos_id])
+        ep = new_episode(task, chat, max_len=max_len)
+        for message in env.demonstration(task, rng):
+            ep.add_message(message)
             if ep.done:
                 break
         if not ep.score()["success"]:
@@ -90,7 +90,7 @@ def lr_factor(step: int, total: int, warmup: float = 0.05, hold: float = 0.7) ->
     return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - h) / max(1, total - h)))
 
 
-def sft_train(model, tokenizer, settings, progress=None) -> list[float]:
+def sft_train(model, chat, settings, progress=None) -> list[float]:
     """Train in place; returns the loss per step. `progress(step, total, loss)` is called every step."""
     b = settings.bootstrap
     torch.manual_seed(b.seed)
@@ -99,10 +99,10 @@ def sft_train(model, tokenizer, settings, progress=None) -> list[float]:
     model.train()
     losses, t0 = [], time.time()
     for step in range(b.steps):
-        batch = demonstration_batch(settings.env.name, tokenizer, b.batch_size, seed=b.seed * 1_000_003 + step,
+        batch = demonstration_batch(settings.env.name, chat, b.batch_size, seed=b.seed * 1_000_003 + step,
                                     max_len=settings.model.max_len)
         opt.zero_grad(set_to_none=True)
-        loss = demonstration_backward(model, batch, tokenizer.pad_id, b.micro_batches)
+        loss = demonstration_backward(model, batch, chat.pad_id, b.micro_batches)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()

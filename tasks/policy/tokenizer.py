@@ -1,99 +1,81 @@
-"""A character-level tokenizer and the chat format the Evergreen agent speaks.
+"""The embedded default model's tokenizer: a standard `PreTrainedTokenizerFast`, built locally.
 
-Built locally from a fixed alphabet, so nothing is ever downloaded. Every printable ASCII character
-is one token; the chat roles and the tool-call delimiters are single special tokens, which keeps
-sequences short for a tiny model and lets engines stop on one token id (`<|end|>`, the EOS).
+Nothing is downloaded. The tokenizer is built with the `tokenizers` library and saved into the model
+directory (`tokenizer.json`, `tokenizer_config.json`, `chat_template.jinja`), so the default model loads
+like any Hugging Face checkpoint: `AutoTokenizer.from_pretrained(model_dir)`.
 
-The tokenizer is saved beside the model weights as `evergreen_tokenizer.json`; engines are given
-token ids only (vLLM runs with `skip_tokenizer_init=True`).
+- `char_tokenizer()`: one token per printable ASCII character plus single-token role and tool-call
+  markers (a BPE model with no merges). Its ids are the ones the project's earlier private tokenizer
+  used, so the default recipe's token sequences did not change with the move to a standard format.
+- `bpe_tokenizer(texts, vocab_size)`: the same markers and alphabet plus byte-pair merges learnt from
+  `texts` (the environment's own text): shorter sequences for the same conversations.
 
-Chat format (documented contract, see tasks/envs/base.py for the episode loop):
-
-    <|system|>{rendered tools}<|end|><|user|>{question}<|end|>
-    <|assistant|><tool_call>{"name": ..., "arguments": {...}}</tool_call><|end|>
-    <|tool|>{tool result}<|end|>
-    <|assistant|>{final answer}<|end|>
+Both carry `templates/evergreen.jinja`, a chat template that renders the episode's OpenAI tools compactly
+and calls as `<tool_call>{json}</tool_call>`, which vLLM's `hermes` tool parser reads.
 """
 from __future__ import annotations
 
-import json
+from collections.abc import Iterable
+from functools import lru_cache
 from pathlib import Path
 
 PAD, BOS, EOS = "<pad>", "<s>", "<|end|>"
-ROLE_TOKENS = {"system": "<|system|>", "user": "<|user|>", "assistant": "<|assistant|>", "tool": "<|tool|>"}
-TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
-SPECIALS = [PAD, BOS, EOS, *ROLE_TOKENS.values(), TOOL_CALL_OPEN, TOOL_CALL_CLOSE]
+ROLES = ["<|system|>", "<|user|>", "<|assistant|>", "<|tool|>"]
+CALL_MARKERS = ["<tool_call>", "</tool_call>"]  # plain added tokens, as in Qwen2.5: text, not control
 ALPHABET = "\n" + "".join(chr(c) for c in range(32, 127))
 UNKNOWN = "?"  # characters outside the alphabet map here rather than failing the episode
-FILE_NAME = "evergreen_tokenizer.json"
+TEMPLATE_FILE = Path(__file__).with_name("templates") / "evergreen.jinja"
 
 
-class CharTokenizer:
-    """Maps text to ids: specials first (longest match), then one id per character."""
-
-    def __init__(self, specials: list[str] | None = None, alphabet: str = ALPHABET):
-        self.specials = list(specials or SPECIALS)
-        self.alphabet = alphabet
-        self.vocab = self.specials + list(alphabet)
-        self.token_to_id = {t: i for i, t in enumerate(self.vocab)}
-        self.pad_id, self.bos_id, self.eos_id = (self.token_to_id[t] for t in (PAD, BOS, EOS))
-        self._specials_by_first = sorted(self.specials, key=len, reverse=True)
-
-    def encode_message(self, role: str, content: str) -> list[int]:
-        """Ids of one context message, `render_message` as tokens; the content is data, so text like
-        "<|system|>" in a tool result stays plain characters and cannot forge a role."""
-        return [self.token_to_id[ROLE_TOKENS[role]], *self.encode(content, specials=False), self.eos_id]
-
-    @property
-    def assistant_id(self) -> int:
-        """The role token a generation continues from."""
-        return self.token_to_id[ROLE_TOKENS["assistant"]]
-
-    @property
-    def vocab_size(self) -> int:
-        return len(self.vocab)
-
-    def encode(self, text: str, specials: bool = True) -> list[int]:
-        """Token ids; with specials=False, text like "<|end|>" is encoded character by character (data)."""
-        ids, i, unk = [], 0, self.token_to_id[UNKNOWN]
-        while i < len(text):
-            if specials and text[i] == "<":
-                special = next((s for s in self._specials_by_first if text.startswith(s, i)), None)
-                if special:
-                    ids.append(self.token_to_id[special])
-                    i += len(special)
-                    continue
-            ids.append(self.token_to_id.get(text[i], unk))
-            i += 1
-        return ids
-
-    def decode(self, ids: list[int], skip_special: bool = False) -> str:
-        out = []
-        for i in ids:
-            if not 0 <= i < len(self.vocab):
-                continue  # ids past the vocab (padded embedding rows) carry no text
-            tok = self.vocab[i]
-            if skip_special and tok in self.specials:
-                continue
-            out.append(tok)
-        return "".join(out)
-
-    def save(self, directory: str | Path) -> None:
-        Path(directory, FILE_NAME).write_text(json.dumps({"specials": self.specials, "alphabet": self.alphabet}))
-
-    @classmethod
-    def load(cls, directory: str | Path) -> "CharTokenizer":
-        path = Path(directory, FILE_NAME)
-        if not path.exists():
-            raise FileNotFoundError(f"{path} is missing: the model directory must hold the tokenizer saved by build_model")
-        data = json.loads(path.read_text())
-        return cls(data["specials"], data["alphabet"])
+@lru_cache(maxsize=1)
+def default_template() -> str:
+    return TEMPLATE_FILE.read_text()
 
 
-def render_message(role: str, content: str) -> str:
-    return f"{ROLE_TOKENS[role]}{content}{EOS}"
+def _markers() -> list[str]:
+    return [PAD, BOS, EOS, *ROLES, *CALL_MARKERS]
 
 
-def render_generation_prompt(messages: list[dict]) -> str:
-    """All messages so far, then the assistant role token the model continues from."""
-    return "".join(render_message(m["role"], m["content"]) for m in messages) + ROLE_TOKENS["assistant"]
+def _wrap(backend, template: str | None):
+    """The `tokenizers` object as a transformers tokenizer with its specials and chat template."""
+    from tokenizers import AddedToken
+    from transformers import PreTrainedTokenizerFast
+
+    backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in [PAD, BOS, EOS, *ROLES]])
+    backend.add_tokens([AddedToken(t, special=False, normalized=False) for t in CALL_MARKERS])
+    # the unknown character is the backend model's (`?`, an ordinary character), not a special token
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token=PAD, bos_token=BOS, eos_token=EOS)
+    tokenizer.chat_template = template or default_template()
+    return tokenizer
+
+
+def char_tokenizer(template: str | None = None):
+    """Markers first (ids 0-8: pad, bos, eos, the four roles, the two call markers), then one id per character."""
+    from tokenizers import Tokenizer, decoders, models
+
+    vocab = {t: i for i, t in enumerate(_markers() + list(ALPHABET))}
+    # no pre-tokenizer and no merges: the whole text is one "word" split into its characters
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=UNKNOWN))
+    backend.decoder = decoders.Fuse()  # join tokens without the spaces a BPE decoder would put between them
+    return _wrap(backend, template)
+
+
+def bpe_tokenizer(texts: Iterable[str], vocab_size: int, template: str | None = None):
+    """The character vocabulary plus merges learnt from `texts` up to `vocab_size` entries."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    backend = Tokenizer(models.BPE(unk_token=UNKNOWN))
+    # words, and each other character alone, so that merges stay inside words and numbers
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"\w+|\W"), behavior="isolated")
+    backend.decoder = decoders.Fuse()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=_markers(), initial_alphabet=list(ALPHABET),
+                                  limit_alphabet=len(ALPHABET), show_progress=False)
+    backend.train_from_iterator(texts, trainer=trainer)
+    return _wrap(backend, template)
+
+
+def default_chat(tool_call_parser: str = "hermes"):
+    """The embedded default's ChatFormat (the character tokenizer and its template)."""
+    from tasks.policy.chat import ChatFormat
+
+    return ChatFormat(char_tokenizer(), tool_call_parser)

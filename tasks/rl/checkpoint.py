@@ -1,6 +1,6 @@
 """Training checkpoints: safetensors weights, optimizer state, RNG states and the step, written atomically.
 
-Layout: `<dir>/step-000010/{model.safetensors, config.json, evergreen_tokenizer.json, optimizer.pt, rng.pt,
+Layout: `<dir>/step-000010/{model.safetensors, config.json, the tokenizer files, optimizer.pt, rng.pt,
 state.json}`. A checkpoint is complete only once renamed into place, so a run killed mid-write resumes
 from the previous one. The newest `keep` checkpoints are kept.
 """
@@ -16,14 +16,14 @@ import numpy as np
 import torch
 
 
-def save_checkpoint(directory: str | Path, step: int, model, tokenizer, optimizer, extra: dict | None = None,
+def save_checkpoint(directory: str | Path, step: int, model, chat, optimizer, extra: dict | None = None,
                     keep: int = 2) -> Path:
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     final = directory / f"step-{step:06d}"
     tmp = Path(tempfile.mkdtemp(prefix=f".step-{step:06d}.", dir=directory))
     getattr(model, "module", model).save_pretrained(tmp, safe_serialization=True)
-    tokenizer.save(tmp)
+    chat.tokenizer.save_pretrained(tmp)
     torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
     torch.save({"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()},
                tmp / "rng.pt")

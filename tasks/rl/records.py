@@ -21,7 +21,7 @@ from tasks.storage import atomic_writer
 
 def episode_record(ep: Episode, task_index: int, rollout_index: int, policy_version: int) -> dict:
     score = ep.score()
-    # the prompt ends where the model's first token begins (after the first <|assistant|>)
+    # the prompt ends where the model's first token begins (after the template's generation prompt)
     n_prompt = ep.loss_mask.index(1) if 1 in ep.loss_mask else len(ep.token_ids)
     return {
         "task_id": ep.task.task_id, "family": ep.task.family, "task_index": task_index,
@@ -30,7 +30,7 @@ def episode_record(ep: Episode, task_index: int, rollout_index: int, policy_vers
         "completion_mask": ep.loss_mask[n_prompt:], "logprobs": ep.logprobs[n_prompt:],
         "reward": score["reward"], "components": score["components"], "reason": score["reason"],
         "success": score["success"], "turns": score["turns"], "tool_calls": score["tool_calls"],
-        "tool_errors": score["tool_errors"], "completion_tokens": ep.completion_tokens, "messages": ep.messages[2:],
+        "tool_errors": score["tool_errors"], "completion_tokens": ep.completion_tokens, "messages": ep.messages[1:],
     }
 
 

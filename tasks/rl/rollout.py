@@ -35,16 +35,16 @@ class RolloutWorker:
 
     def __init__(self, model_dir: str, backend: str = "vllm", max_len: int = 512, kv_cache_mb: int = 256,
                  max_turns: int = 4, max_tokens_per_turn: int = 96, threads: int = 1, core: int | None = None,
-                 weight_transfer: str | None = None):
+                 weight_transfer: str | None = None, tool_call_parser: str = "hermes", dtype: str = "float32"):
         if core is not None and hasattr(os, "sched_setaffinity"):
             # two engines on two cores must not fight over one; vLLM's own binding is off in-process
             os.sched_setaffinity(0, {core % os.cpu_count()})
         import torch
 
-        from tasks.policy.tokenizer import CharTokenizer
+        from tasks.policy.chat import ChatFormat
 
         torch.set_num_threads(threads)
-        self.tokenizer = CharTokenizer.load(model_dir)
+        self.chat = ChatFormat.load(model_dir, tool_call_parser)
         self.limits = {"max_turns": max_turns, "max_tokens_per_turn": max_tokens_per_turn, "max_len": max_len}
         self.policy_version = 0
         t0 = time.time()
@@ -52,12 +52,14 @@ class RolloutWorker:
             from tasks.policy.backends import VLLMBackend
 
             self.backend = VLLMBackend(model_dir, max_len=max_len, kv_cache_mb=kv_cache_mb,
-                                       weight_transfer=weight_transfer)
+                                       weight_transfer=weight_transfer, dtype=dtype)
         else:
+            from tasks.config import ModelSettings
             from tasks.policy.backends import HFBackend
             from tasks.policy.model import load_model
 
-            self.backend = HFBackend(load_model(model_dir)[0], self.tokenizer)
+            model_settings = ModelSettings(tool_call_parser=tool_call_parser, dtype=dtype)
+            self.backend = HFBackend(load_model(model_dir, model_settings=model_settings)[0], self.chat)
         self.build_seconds = time.time() - t0
 
     def info(self) -> dict:
@@ -94,7 +96,7 @@ class RolloutWorker:
                                "sync weights before dispatching")
         t0 = time.time()
         items = shard["items"]
-        episodes = [new_episode(Task.from_dict(it["task"]), self.tokenizer, **self.limits) for it in items]
+        episodes = [new_episode(Task.from_dict(it["task"]), self.chat, **self.limits) for it in items]
         ids = [it["task_index"] * 10_000 + it["rollout_index"] for it in items]
         sampling = Sampling(temperature=shard["temperature"], seed=shard["seed"])
         stats = self.backend.run_episodes(episodes, sampling, episode_ids=ids)
@@ -109,7 +111,7 @@ class RolloutWorker:
         from tasks.evals.harness import score_attempts
 
         tasks = [Task.from_dict(d) for d in task_dicts]
-        return score_attempts(self.backend, tasks, self.tokenizer, samples, temperature, seed, self.limits, first_index).table
+        return score_attempts(self.backend, tasks, self.chat, samples, temperature, seed, self.limits, first_index).table
 
 
 def start_rollout_actors(model_dir: str | Path, settings, first_core: int = 0, indices: list[int] | None = None,
@@ -135,7 +137,8 @@ def start_rollout_actors(model_dir: str | Path, settings, first_core: int = 0, i
 
     return [actor_cls.options(**options(i)).remote(
                 str(model_dir), r.backend, settings.model.max_len, r.kv_cache_mb, settings.env.max_turns,
-                settings.env.max_tokens_per_turn, core=first_core + i, weight_transfer=transfer)
+                settings.env.max_tokens_per_turn, core=first_core + i, weight_transfer=transfer,
+                tool_call_parser=settings.model.tool_call_parser, dtype=settings.model.dtype)
             for i in (range(r.num_workers) if indices is None else indices)]
 
 

@@ -268,14 +268,14 @@ def grpo_loop(config: dict) -> None:
     torch.manual_seed(g.seed)
     # on GPUs Ray Train gives each worker its device (CUDA_VISIBLE_DEVICES and the local rank)
     device = ray.train.torch.get_device() if g.device == "cuda" else torch.device("cpu")
-    model, tokenizer, _ = load_model(config["init_model"])
+    model, chat, _ = load_model(config["init_model"], model_settings=settings.model)
     model.to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=g.lr, weight_decay=0.0, betas=(0.9, 0.99))
     start = 0
     if (ckpt := latest_checkpoint(ckpt_dir)) is not None:
         start = restore_checkpoint(ckpt, model, optimizer)["step"]
         log.info("resuming GRPO from %s (step %d of %d)", ckpt, start, g.steps)
-    ref_model = load_model(config["init_model"])[0].to(device) if g.uses_reference else None
+    ref_model = load_model(config["init_model"], model_settings=settings.model)[0].to(device) if g.uses_reference else None
     # no DDP wrapper: grpo_step all-reduces the summed gradients itself, once per optimizer step, so that
     # ranks with different numbers of micro-batches still pair their collectives; every rank loaded the
     # same weights, and the same reduced gradient keeps them equal
@@ -303,9 +303,9 @@ def grpo_loop(config: dict) -> None:
             raise RuntimeError(f"injected failure at GRPO step {step} (fail_at_step)")
         demos = None
         if g.demo_coef > 0:  # seeds disjoint from the bootstrap's and the tasks'
-            demos = demonstration_batch(settings.env.name, tokenizer, g.demo_batch, 3_000_000 + g.seed * 10_000 + step,
+            demos = demonstration_batch(settings.env.name, chat, g.demo_batch, 3_000_000 + g.seed * 10_000 + step,
                                         settings.model.max_len, toolset=champion_toolset)
-        m = grpo_step(model, optimizer, records, settings, tokenizer.pad_id, ref_model, demos, rank, world)
+        m = grpo_step(model, optimizer, records, settings, chat.pad_id, ref_model, demos, rank, world)
         t_train = time.time() - t0 - t_roll
         version = step + 1
         sync_s = pool.sync_weights(state_dict_snapshot(model), version) if rank == 0 else 0.0
@@ -319,11 +319,11 @@ def grpo_loop(config: dict) -> None:
                      version, g.steps, m["reward_mean"], m["success_rate"], m["loss"], m["episodes_trained"],
                      m["episodes"], t_roll, t_train)
             if version % g.checkpoint_every == 0 or version == g.steps:
-                path = save_checkpoint(ckpt_dir, version, model, tokenizer, optimizer, {"policy_version": version})
+                path = save_checkpoint(ckpt_dir, version, model, chat, optimizer, {"policy_version": version})
                 report_kwargs["checkpoint"] = ray.train.Checkpoint.from_directory(str(path))
         ray.train.report(m, **report_kwargs)
     if rank == 0:
-        save_model(getattr(model, "module", model), tokenizer, run_dir / "model",
+        save_model(getattr(model, "module", model), chat, run_dir / "model",
                    toolset=get_env(settings.env.name).load_toolset(settings.env.target_toolset))
         if config.get("actors"):
             pool.close_transfer()  # the engines go back to their owner, who opens its own group

@@ -27,8 +27,9 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from tasks.envs import desk, get_env, new_episode
-from tasks.envs.base import Episode, parse_tool_calls
-from tasks.policy.tokenizer import CharTokenizer
+from tasks.envs.base import Episode
+from tasks.policy.chat import ChatFormat
+from tasks.policy.tokenizer import default_chat
 
 log = logging.getLogger(__name__)
 SLIP_RATE = 0.08  # the scripted agent gives up this often even after a good tool result (production is never perfect)
@@ -46,33 +47,19 @@ def toolset_at(schedule: list[tuple[datetime, str]], when: datetime) -> str:
 
 
 def episode_to_trace(ep: Episode, trace_id: str, when: datetime, model_version: str, rng: random.Random) -> dict:
-    """An episode in the trace contract: OpenAI chat messages with tool_calls and tool_call_id."""
-    messages = [{"role": "system", "content": ep.messages[0]["content"]},
-                {"role": "user", "content": ep.messages[1]["content"]}]
-    tool_errors = n_call = 0
-    pending: list[str] = []
-    for m in ep.messages[2:]:
-        if m["role"] == "assistant":
-            calls = [c for c in parse_tool_calls(m["content"]) if not c.error]
-            msg: dict = {"role": "assistant", "content": None if calls else m["content"]}
-            if calls:
-                pending = []
-                msg["tool_calls"] = []
-                for c in calls:
-                    n_call += 1
-                    pending.append(f"call_{n_call}")
-                    msg["tool_calls"].append({"id": pending[-1], "type": "function", "function": {
-                        "name": c.name, "arguments": json.dumps(c.arguments)}})
-            messages.append(msg)
-        else:  # one environment tool message answers every call of the turn, one result per line
-            results = m["content"].split("\n")
-            if pending and len(results) == len(pending):
-                for call_id, result in zip(pending, results):
-                    messages.append({"role": "tool", "tool_call_id": call_id, "content": result})
-                    tool_errors += result.startswith("error")
-            else:  # the turn's call could not be parsed: the error goes back without a call id
-                messages.append({"role": "tool", "content": m["content"]})
-            pending = []
+    """An episode in the trace contract: OpenAI chat messages (arguments as JSON strings) with tool_calls
+    and tool_call_id; a tool message without an id answers a call that could not be parsed."""
+    messages = []
+    for m in ep.messages:
+        msg = dict(m)
+        if m.get("tool_calls"):
+            msg["content"] = m["content"] or None
+            msg["tool_calls"] = [{"id": c["id"], "type": "function", "function": {
+                "name": c["function"]["name"], "arguments": json.dumps(c["function"]["arguments"])}}
+                for c in m["tool_calls"]]
+        msg.pop("name", None)
+        messages.append(msg)
+    tool_errors = sum(m["role"] == "tool" and m["content"].startswith("error") for m in ep.messages)
     score = ep.score()
     prompt_tokens = ep.loss_mask.index(1) if 1 in ep.loss_mask else len(ep.token_ids)
     return {
@@ -87,24 +74,25 @@ def episode_to_trace(ep: Episode, trace_id: str, when: datetime, model_version: 
     }
 
 
-def _run_scripted(episodes: list[Episode], tokenizer: CharTokenizer, seed: int) -> None:
+def _run_scripted(episodes: list[Episode], seed: int) -> None:
     """Turn 1: the demonstration's call (any v1-accepted format). Turn 2: the result, or give up."""
     for i, ep in enumerate(episodes):
         rng = random.Random(seed * 1_000_003 + i)
-        call_text, _ = desk.demonstration(ep.task, rng)
-        ep.add_completion(tokenizer.encode(call_text) + [tokenizer.eos_id])
+        call, _ = desk.demonstration(ep.task, rng)
+        ep.add_message(call)
         if ep.done:
             continue
         result = ep.messages[-1]["content"]
         gave_up = result.startswith("error") or rng.random() < SLIP_RATE
         answer = "I could not get an answer from the tool." if gave_up else result
-        ep.add_completion(tokenizer.encode(answer, specials=False) + [tokenizer.eos_id])
+        ep.add_message({"role": "assistant", "content": answer})
 
 
 def _run_model(episodes: list[Episode], model_dir: str, settings, seed: int) -> None:
     from tasks.policy.backends import Sampling, VLLMBackend
 
-    backend = VLLMBackend(model_dir, max_len=settings.model.max_len, kv_cache_mb=settings.rollout.kv_cache_mb, seed=seed)
+    backend = VLLMBackend(model_dir, max_len=settings.model.max_len, kv_cache_mb=settings.rollout.kv_cache_mb, seed=seed,
+                          dtype=settings.model.dtype)
     backend.run_episodes(episodes, Sampling(temperature=settings.rollout.temperature, seed=seed))
     del backend
     import gc
@@ -143,7 +131,8 @@ def simulate_traces(out_dir: str | Path, start: datetime, end: datetime, n_trace
     span = (end - start).total_seconds()
     times = sorted(start + timedelta(seconds=rng.uniform(0, span)) for _ in range(n_traces))
     versions = [toolset_at(schedule, t) for t in times]
-    tokenizer = CharTokenizer.load(policy) if policy != "scripted" else CharTokenizer()
+    # the scripted agent speaks the embedded default's format (its traces are OpenAI messages either way)
+    chat = default_chat() if policy == "scripted" else ChatFormat.load(policy, settings.model.tool_call_parser)
     limits = {"max_turns": 4, "max_tokens_per_turn": 96, "max_len": 512}
     if settings is not None:
         limits = {"max_turns": settings.env.max_turns, "max_tokens_per_turn": settings.env.max_tokens_per_turn,
@@ -155,10 +144,10 @@ def simulate_traces(out_dir: str | Path, start: datetime, end: datetime, n_trace
         tasks = env.generate_tasks(len(idx), seed * 7919 + int(version), env.load_toolset(version))
         for i, task in zip(idx, tasks):
             task.service["registry_version"] = version
-            episodes[i] = new_episode(task, tokenizer, **limits)
+            episodes[i] = new_episode(task, chat, **limits)
     log.info("simulating %d traces %s .. %s with policy %s", n_traces, start.isoformat(), end.isoformat(), policy)
     if policy == "scripted":
-        _run_scripted(episodes, tokenizer, seed)
+        _run_scripted(episodes, seed)
     else:
         _run_model(episodes, policy, settings, seed)
 

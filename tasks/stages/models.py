@@ -61,10 +61,10 @@ def sft_champion(settings, out_dir: str | Path) -> dict:
     from tasks.policy.sft import sft_train
 
     t0 = time.time()
-    model, tokenizer = build_model(settings.model)
-    losses = sft_train(model, tokenizer, settings)
+    model, chat = build_model(settings.model)
+    losses = sft_train(model, chat, settings)
     toolset = get_env(settings.env.name).load_toolset(settings.env.champion_toolset)
-    path = save_model(model, tokenizer, out_dir, toolset=toolset)
+    path = save_model(model, chat, out_dir, toolset=toolset)
     stats = {"model_dir": str(path), "sft_steps": len(losses), "final_loss": losses[-1], "seconds": time.time() - t0,
              "parameters": sum(p.numel() for p in model.parameters())}
     log.info("sft: %s", stats)

@@ -11,7 +11,7 @@ from tasks.data.validation import BatchValidationError, Validator
 from tasks.envs import new_episode
 from tasks.envs.desk import demonstration, generate_tasks
 from tasks.envs.toolset import load_toolset
-from tasks.policy.tokenizer import CharTokenizer
+from tasks.policy.tokenizer import default_chat
 from tasks.rl.records import episode_record
 
 
@@ -23,15 +23,15 @@ def validator():
 @pytest.fixture(scope="module")
 def records():
     """Records of 3 tasks x 4 rollouts from scripted episodes (real Episode, real records)."""
-    tok = CharTokenizer()
+    tok = default_chat()
     out = []
     for ti, task in enumerate(generate_tasks(3, 5, load_toolset("1"))):
         for ri in range(4):
             ep = new_episode(task, tok)
             call, _ = demonstration(task, random.Random(ti * 10 + ri))
-            ids = tok.encode(call) + [tok.eos_id]
+            ids = tok.turn_ids(ep.messages, ep.tools, call)
             ep.add_completion(ids, [-0.5] * len(ids))
-            answer = tok.encode(ep.messages[-1]["content"], specials=False) + [tok.eos_id]
+            answer = tok.encode(ep.messages[-1]["content"]) + [tok.eos_id]
             ep.add_completion(answer, [-0.1] * len(answer))
             out.append(episode_record(ep, ti, ri, policy_version=2))
     return out

@@ -8,9 +8,11 @@ from tasks.envs import get_env, new_episode
 from tasks.envs.base import Episode, ToolError
 from tasks.envs.desk import DeskService, demonstration, generate_tasks, make_service, toolset_tasks
 from tasks.envs.toolset import load_toolset
-from tasks.policy.tokenizer import EOS, ROLE_TOKENS, CharTokenizer
+from tasks.policy.chat import ChatFormat
+from tasks.policy.tokenizer import EOS, char_tokenizer
 
-TOK = CharTokenizer()
+TOK = ChatFormat(char_tokenizer())
+EOS_ID = TOK.tokenizer.eos_token_id
 V1 = toolset_tasks("1", 9, 5)
 V2 = toolset_tasks("2", 9, 5)
 # every tool of the toolset offered, for tests of the tool service itself
@@ -21,11 +23,13 @@ ALL2 = generate_tasks(3, 5, load_toolset("2"), offer="all")
 
 
 def call(tool_name, /, **arguments):
-    return "<tool_call>" + json.dumps({"name": tool_name, "arguments": arguments}) + "</tool_call>"
+    """A call as the default template renders one (compact JSON)."""
+    body = json.dumps({"name": tool_name, "arguments": arguments}, separators=(",", ":"))
+    return f"<tool_call>{body}</tool_call>"
 
 
 def turn(ep, text, eos=True):
-    ids = TOK.encode(text) + ([TOK.eos_id] if eos else [])
+    ids = TOK.encode(text) + ([EOS_ID] if eos else [])
     ep.add_completion(ids)
     return ids
 
@@ -81,22 +85,33 @@ def test_loss_mask_is_one_exactly_on_completion_tokens():
     c2 = turn(ep, "1463723")
     assert len(ep.token_ids) == len(ep.loss_mask) == len(ep.logprobs)
     assert sum(ep.loss_mask) == len(c1) + len(c2) == ep.completion_tokens
-    assert ep.loss_mask[:n_prompt + 1] == [0] * (n_prompt + 1)        # system, user, <|assistant|>
+    assert ep.loss_mask[:n_prompt] == [0] * n_prompt        # system (the tools), user, <|assistant|>
+    assert first_prompt[-1] == TOK.tokenizer.convert_tokens_to_ids("<|assistant|>")
     assert ep.token_ids[:len(first_prompt)] == first_prompt
     assert ep.token_ids[len(first_prompt):len(first_prompt) + len(c1)] == c1
     masked_in = TOK.decode([t for t, m in zip(ep.token_ids, ep.loss_mask) if m])
     assert masked_in == call("lookup", city="kyoto", field="population") + EOS + "1463723" + EOS
     masked_out = TOK.decode([t for t, m in zip(ep.token_ids, ep.loss_mask) if not m])
-    assert masked_out.endswith(ROLE_TOKENS["assistant"] + ROLE_TOKENS["tool"] + "1463723" + EOS
-                               + ROLE_TOKENS["assistant"])
+    assert masked_out.endswith("<|assistant|><|tool|>1463723" + EOS + "<|assistant|>")
     assert "What is the population of Kyoto?" in masked_out
-    assert TOK.decode(ep.token_ids) == TOK.decode(first_prompt) + TOK.decode(c1) + ROLE_TOKENS["tool"] \
-        + "1463723" + EOS + ROLE_TOKENS["assistant"] + TOK.decode(c2)
+    assert TOK.decode(ep.token_ids) == TOK.decode(first_prompt) + TOK.decode(c1) + "<|tool|>1463723" + EOS \
+        + "<|assistant|>" + TOK.decode(c2)
+    assert ep.template_mismatches == 0
+
+
+def test_a_call_the_template_would_render_differently_is_counted_and_kept_as_generated():
+    ep = new_episode(V1[2], TOK)
+    spaced = '<tool_call>{"name": "lookup", "arguments": {"city": "kyoto", "field": "population"}}</tool_call>'
+    ids = turn(ep, spaced)
+    assert tool_message(ep) == "1463723"                       # parsed and answered all the same
+    assert ep.template_mismatches == 1
+    assert TOK.decode([t for t, m in zip(ep.token_ids, ep.loss_mask) if m]) == TOK.decode(ids)
+    assert TOK.decode(ep.token_ids).endswith(spaced + EOS + "<|tool|>1463723" + EOS + "<|assistant|>")
 
 
 def test_logprobs_land_on_completion_tokens():
     ep = new_episode(V1[3], TOK)
-    ids = TOK.encode("111") + [TOK.eos_id]
+    ids = TOK.encode("111") + [EOS_ID]
     ep.add_completion(ids, [-1.0, -2.0, -3.0, -4.0])
     assert [lp for lp, m in zip(ep.logprobs, ep.loss_mask) if m] == [-1.0, -2.0, -3.0, -4.0]
     assert all(lp == 0.0 for lp, m in zip(ep.logprobs, ep.loss_mask) if not m)
@@ -108,7 +123,7 @@ def test_broken_json_earns_an_error_and_partial_reward():
     ep = new_episode(V1[2], TOK)
     turn(ep, '<tool_call>{"name": "lookup", "arguments": {"city": "kyoto",}}</tool_call>')
     assert not ep.done
-    assert tool_message(ep).startswith("error: tool call is not valid JSON")
+    assert tool_message(ep) == "error: the hermes tool parser could not read the call"
     turn(ep, "unknown")
     s = ep.score()
     # format: 1 of 2 turns well formed; validity 0 of 1 calls; wrong -> 0.1 * 0.5
@@ -152,7 +167,7 @@ def test_turn_without_eos_ends_the_episode():
     ep = new_episode(V1[0], TOK)
     ids = turn(ep, '<tool_call>{"name": "calculator", "argu', eos=False)
     assert ep.done
-    assert ep.end_reason == f"turn 1 hit the {len(ids)}-token limit without {EOS}"
+    assert ep.end_reason == f"turn 1 hit the {len(ids)}-token limit without a stop token"
     assert "token limit" in ep.end_reason
     s = ep.score()
     assert s["reward"] == 0.0 and not s["success"] and s["reason"] == ep.end_reason
@@ -214,7 +229,7 @@ def test_wrong_answer_shows_expected():
 
 def test_answer_with_special_tokens_is_not_well_formed():
     ep = new_episode(V1[0], TOK)
-    turn(ep, "432" + ROLE_TOKENS["user"])
+    turn(ep, "432<|user|>")
     assert ep.score()["components"]["format"] == 0.0
 
 
@@ -222,14 +237,17 @@ def test_stray_closing_tag_is_an_error_turn():
     ep = new_episode(V1[0], TOK)
     turn(ep, "432</tool_call>")
     assert not ep.done
-    assert tool_message(ep) == "error: tool call has no opening <tool_call>"
+    assert tool_message(ep) == "error: the hermes tool parser could not read the call"
     assert ep.n_calls == 1 and ep.n_well_formed_turns == 0
 
 
-def test_two_calls_in_one_turn_give_two_result_lines():
+def test_two_calls_in_one_turn_give_two_tool_messages():
     ep = new_episode(V1[5], TOK)
     turn(ep, call("lookup", city="oslo", field="elevation") + call("lookup", city="oslo", field="country"))
-    assert tool_message(ep) == "23\nNorway"
+    assistant, first, second = ep.messages[-3:]
+    assert [c["function"]["name"] for c in assistant["tool_calls"]] == ["lookup", "lookup"]
+    assert (first["tool_call_id"], first["content"]) == (assistant["tool_calls"][0]["id"], "23")
+    assert (second["tool_call_id"], second["content"]) == (assistant["tool_calls"][1]["id"], "Norway")
     assert ep.n_calls == 2 and ep.n_valid_calls == 2
 
 
@@ -366,8 +384,8 @@ def test_demonstrations_succeed_on_random_schema_tasks(seed):
         for demo_rng in (random.Random(0), rng):
             turns = demonstration(task, demo_rng)
             ep = new_episode(task, TOK)
-            for text in turns:
-                turn(ep, text)
+            for message in turns:
+                ep.add_message(message)
             s = ep.score()
             assert s["success"] and s["reward"] == 1.0, (task.task_id, turns, ep.messages[-2:])
 
@@ -376,6 +394,6 @@ def test_demonstrations_succeed_on_v1_toolset_tasks():
     for task in V1:
         turns = demonstration(task, random.Random(0))
         ep = new_episode(task, TOK)
-        for text in turns:
-            turn(ep, text)
-        assert ep.score()["reward"] == 1.0
+        for message in turns:
+            ep.add_message(message)
+        assert ep.score()["reward"] == 1.0 and ep.template_mismatches == 0

@@ -9,9 +9,9 @@ import pytest
 from tasks.envs import new_episode
 from tasks.envs.base import Episode
 from tasks.envs.desk import make_service, toolset_tasks
-from tasks.policy.tokenizer import CharTokenizer
+from tasks.policy.tokenizer import default_chat
 
-TOK = CharTokenizer()
+TOK = default_chat()
 V1 = toolset_tasks("1", 9, 5)
 V2 = toolset_tasks("2", 9, 5)
 # V1[0] 18 times 24 -> 432   V1[1] 55 km to m -> 55000   V1[3] 49 plus 62 -> 111   V1[5] elevation of Oslo -> 23
@@ -19,7 +19,7 @@ V2 = toolset_tasks("2", 9, 5)
 
 
 def call(tool_name, /, **arguments):
-    return "<tool_call>" + json.dumps({"name": tool_name, "arguments": arguments}) + "</tool_call>"
+    return "<tool_call>" + json.dumps({"name": tool_name, "arguments": arguments}, separators=(",", ":")) + "</tool_call>"
 
 
 def play(task, *texts, service=None):
@@ -52,7 +52,7 @@ def test_the_fixture_tasks_are_what_the_tests_assume():
         "v2-other-city"])
 def test_an_echo_of_the_answer_through_a_tool_is_not_grounding(task, echo):
     ep = play(task, echo)
-    assert ep.messages[-1] == {"role": "tool", "content": task.expected}   # the tool did return the value
+    assert ep.messages[-1]["content"] == task.expected   # the tool did return the value
     ep.add_completion(TOK.encode(task.expected) + [TOK.eos_id])
     s = ep.score()
     assert not s["success"] and s["components"] == {"format": 1.0, "call_validity": 1.0, "correct": 0.0}

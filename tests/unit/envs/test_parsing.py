@@ -1,7 +1,9 @@
-"""Tool-call parsing and schema checks (tasks/envs/base.py)."""
+"""Tool-call parsing by vLLM's parser (tasks/policy/chat.py) and schema checks (tasks/envs/base.py)."""
 import pytest
 
-from tasks.envs.base import check_arguments, normalise_answer, parse_tool_calls, render_tools
+from tasks.envs.base import check_arguments, normalise_answer
+from tasks.policy.chat import ChatFormat
+from tasks.policy.tokenizer import char_tokenizer
 
 TOOL = {"type": "function", "function": {
     "name": "calc", "description": "Arithmetic. Long details here.",
@@ -11,65 +13,61 @@ TOOL = {"type": "function", "function": {
         "required": ["a", "op"]}}}
 
 
+CHAT = ChatFormat(char_tokenizer())  # the default: vLLM's hermes parser
+
+
+def parse(text):
+    return CHAT.parse(text)
+
+
 def test_one_valid_call():
-    calls = parse_tool_calls('Let me see. <tool_call>{"name": "calc", "arguments": {"a": 1, "op": "+"}}</tool_call>')
-    assert len(calls) == 1
-    c = calls[0]
+    turn = parse('Let me see. <tool_call>{"name": "calc", "arguments": {"a": 1, "op": "+"}}</tool_call>')
+    assert turn.attempted and turn.content.strip() == "Let me see."
+    (c,) = turn.calls
     assert (c.name, c.arguments, c.error) == ("calc", {"a": 1, "op": "+"}, None)
 
 
 def test_two_calls_in_one_turn():
     text = ('<tool_call>{"name":"calc","arguments":{"a":1,"op":"+"}}</tool_call>\n'
             '<tool_call> {"name":"lookup","arguments":{"city":"oslo"}} </tool_call>')
-    calls = parse_tool_calls(text)
-    assert [(c.name, c.arguments, c.error) for c in calls] == [
+    assert [(c.name, c.arguments, c.error) for c in parse(text).calls] == [
         ("calc", {"a": 1, "op": "+"}, None), ("lookup", {"city": "oslo"}, None)]
 
 
-def test_missing_arguments_defaults_to_empty_object():
-    (c,) = parse_tool_calls('<tool_call>{"name":"ping"}</tool_call>')
-    assert (c.name, c.arguments, c.error) == ("ping", {}, None)
+@pytest.mark.parametrize("text", [
+    '<tool_call>{"name": "calc", "arguments": {"a": 1,}</tool_call>',        # broken JSON
+    '<tool_call>{"name":"ping"}</tool_call>',                                # hermes needs "arguments"
+    '<tool_call>{"arguments": {}}</tool_call>',                              # no name
+    '<tool_call>["calc", {}]</tool_call>',
+    '<tool_call>{"name":"calc","arguments":{}}</tool_call><tool_call>{"name":',   # one bad block spoils the turn
+    "432</tool_call>",                                                       # a stray closing tag
+    '<tool_call>{"name":"calc","arguments":{"a":' + "9" * 4400 + "}}</tool_call>",   # int too long for json
+    "<tool_call>" + "[" * 5000 + "</tool_call>",                             # nested too deep
+])
+def test_malformed_calls_are_one_error_never_an_exception(text):
+    turn = parse(text)
+    assert turn.attempted
+    (c,) = turn.calls
+    assert c.name is None and c.error == "the hermes tool parser could not read the call"
 
 
-def test_broken_json():
-    (c,) = parse_tool_calls('<tool_call>{"name": "calc", "arguments": {"a": 1,}</tool_call>')
-    assert c.name is None and c.arguments is None
-    assert "JSON" in c.error
-
-
-@pytest.mark.parametrize("body", ['{"arguments": {}}', '{"name": 3}', '["calc", {}]', '"calc"'])
-def test_missing_or_non_string_name(body):
-    (c,) = parse_tool_calls(f"<tool_call>{body}</tool_call>")
-    assert c.name is None and c.arguments is None
-    assert c.error == 'tool call must be an object with a string "name"'
-
-
-@pytest.mark.parametrize("args", ['[1, 2]', '"a=1"', '3', 'null'])
+@pytest.mark.parametrize("args", ['[1, 2]', '"a=1"', '3'])
 def test_arguments_not_an_object(args):
-    (c,) = parse_tool_calls(f'<tool_call>{{"name": "calc", "arguments": {args}}}</tool_call>')
+    (c,) = parse(f'<tool_call>{{"name": "calc", "arguments": {args}}}</tool_call>').calls
     assert c.name == "calc" and c.arguments is None
-    assert c.error == '"arguments" must be an object'
+    assert c.error in ('"arguments" must be an object', '"arguments" is not valid JSON (JSONDecodeError)')
 
 
-def test_unclosed_block():
-    (c,) = parse_tool_calls('<tool_call>{"name": "calc", "arguments": {"a": 1}}')
-    assert c.error == "tool call not closed with </tool_call>"
-
-
-def test_valid_call_then_unclosed_block():
-    calls = parse_tool_calls('<tool_call>{"name":"calc"}</tool_call><tool_call>{"name":"calc"}')
-    assert [c.error for c in calls] == [None, "tool call not closed with </tool_call>"]
+def test_an_unclosed_call_at_the_end_of_a_turn_is_read():
+    # hermes reads `<tool_call>{...}` up to the end of the turn (the turn ended on the stop token)
+    (c,) = parse('<tool_call>{"name": "calc", "arguments": {"a": 1}}').calls
+    assert (c.name, c.arguments, c.error) == ("calc", {"a": 1}, None)
 
 
 @pytest.mark.parametrize("text", ["", "42", "The answer is {\"name\": \"calc\"}.", "calc(a=1) </tool_call"])
 def test_text_without_calls(text):
-    assert parse_tool_calls(text) == []
-
-
-@pytest.mark.parametrize("body", ['{"name":"calc","arguments":{"a":' + "9" * 4400 + "}}", "[" * 5000])
-def test_pathological_json_is_reported_not_raised(body):
-    (c,) = parse_tool_calls(f"<tool_call>{body}</tool_call>")
-    assert c.name is None and "JSON" in c.error
+    turn = parse(text)
+    assert not turn.attempted and turn.calls == [] and turn.content == text
 
 
 # ---------------------------------------------------------------- check_arguments
@@ -111,8 +109,9 @@ def test_tool_without_parameters_accepts_only_no_arguments():
     assert check_arguments(tool, {"x": 1}) == "unknown argument 'x'"
 
 
-def test_render_tools_lists_signature_and_first_sentence():
-    assert render_tools([TOOL]) == "calc(a:int,b:num,op:str,flag:bool) - Arithmetic"
+def test_default_template_lists_signature_and_first_sentence():
+    text = CHAT.tokenizer.apply_chat_template([{"role": "user", "content": "q"}], tools=[TOOL], tokenize=False)
+    assert text == "<|system|>calc(a:int,b:num,op:str,flag:bool) - Arithmetic<|end|><|user|>q<|end|>"
 
 
 @pytest.mark.parametrize("raw, norm", [(" 42. ", "42"), ("Norway", "norway"), ("  Peru .", "peru")])

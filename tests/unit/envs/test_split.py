@@ -128,7 +128,7 @@ def test_dev_tasks_are_disjoint_from_training_and_eval(train, tmp_path):
 
 def test_bootstrap_demonstrations_draw_training_content(monkeypatch):
     import tasks.policy.sft as sft
-    from tasks.policy.tokenizer import CharTokenizer
+    from tasks.policy.tokenizer import default_chat
 
     drawn = []
 
@@ -136,8 +136,8 @@ def test_bootstrap_demonstrations_draw_training_content(monkeypatch):
         drawn.extend(tasks := desk.generate_tasks(*args, **kwargs))
         return tasks
     monkeypatch.setattr(sft, "get_env", lambda name: dataclasses.replace(get_env(name), generate_tasks=recording))
-    sft.demonstration_batch("desk", CharTokenizer(), 12, seed=3, max_len=512)
-    sft.demonstration_batch("desk", CharTokenizer(), 12, seed=4, max_len=512, toolset=load_toolset("1"))
+    sft.demonstration_batch("desk", default_chat(), 12, seed=3, max_len=512)
+    sft.demonstration_batch("desk", default_chat(), 12, seed=4, max_len=512, toolset=load_toolset("1"))
     assert len(drawn) == 24 and {split_of(t.family, t.service["solution"]) for t in drawn} == {"train"}
 
 

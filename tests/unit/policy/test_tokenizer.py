@@ -1,86 +1,64 @@
-"""Character tokenizer (tasks/policy/tokenizer.py)."""
-import json
-
+"""The embedded default's tokenizers (tasks/policy/tokenizer.py): standard, saved and loaded like any checkpoint's."""
 import pytest
+from transformers import AutoTokenizer
 
-from tasks.policy.tokenizer import (ALPHABET, EOS, FILE_NAME, ROLE_TOKENS, SPECIALS, TOOL_CALL_CLOSE,
-                                    TOOL_CALL_OPEN, CharTokenizer, render_generation_prompt, render_message)
+from tasks.envs.desk import generate_tasks
+from tasks.policy.tokenizer import ALPHABET, CALL_MARKERS, EOS, ROLES, bpe_tokenizer, char_tokenizer
 
-
-def test_vocab_size_and_ids_are_stable():
-    tok = CharTokenizer()
-    assert tok.vocab_size == 105        # 9 specials + newline + 95 printable ASCII
-    assert len(SPECIALS) == 9
-    assert (tok.pad_id, tok.bos_id, tok.eos_id) == (0, 1, 2)
-    assert tok.token_to_id["<|system|>"] == 3
-    assert tok.token_to_id["</tool_call>"] == 8
-    assert tok.token_to_id["\n"] == 9
-    assert tok.token_to_id[" "] == 10
-    assert tok.token_to_id["~"] == 104
+CONVERSATION = [
+    {"role": "user", "content": "What is 3<4 and <b>?"},
+    {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "calc", "arguments": {"a": 1}}}]},
+    {"role": "tool", "tool_call_id": "c1", "content": "7"},
+    {"role": "assistant", "content": "7"},
+]
 
 
-def test_specials_are_single_tokens():
-    tok = CharTokenizer()
-    for s in SPECIALS:
-        assert tok.encode(s) == [tok.token_to_id[s]], s
-    assert tok.encode(EOS) == [tok.eos_id]
+def test_char_ids_are_the_fixed_alphabet():
+    tok = char_tokenizer()
+    assert len(tok) == 105        # 9 markers + newline + 95 printable ASCII
+    assert (tok.pad_token_id, tok.bos_token_id, tok.eos_token_id) == (0, 1, 2)
+    assert tok.convert_tokens_to_ids(["<|system|>", "</tool_call>", "\n", " ", "~"]) == [3, 8, 9, 10, 104]
+    assert tok.encode("<|end|>", add_special_tokens=False) == [2]
+    for marker in [*ROLES, *CALL_MARKERS]:
+        assert len(tok.encode(marker, add_special_tokens=False)) == 1, marker
 
 
-def test_round_trip_with_specials():
-    tok = CharTokenizer()
-    text = (f"{ROLE_TOKENS['user']}What is 3<4 and <b>?{EOS}\n{ROLE_TOKENS['assistant']}"
-            f'{TOOL_CALL_OPEN}{{"name":"calc","arguments":{{"a":1}}}}{TOOL_CALL_CLOSE}{EOS}')
-    ids = tok.encode(text)
+def test_char_round_trip_is_exact_and_unknown_characters_become_question_marks():
+    tok = char_tokenizer()
+    text = 'x<|assistant|><tool_call>{"name":"calc","arguments":{"a":1}}</tool_call>' + EOS + "\n  <|end"
+    ids = tok.encode(text, add_special_tokens=False)
     assert tok.decode(ids) == text
-    # specials count as one token each, everything else one per character
-    n_special = 6
-    special_chars = sum(len(s) for s in (ROLE_TOKENS["user"], EOS, ROLE_TOKENS["assistant"], TOOL_CALL_OPEN,
-                                         TOOL_CALL_CLOSE, EOS))
-    assert len(ids) == len(text) - special_chars + n_special
+    assert len(ids) == len(text) - sum(len(m) - 1 for m in ("<|assistant|>", *CALL_MARKERS, EOS))
+    assert tok.decode(tok.encode("café", add_special_tokens=False)) == "caf?"
 
 
-def test_partial_special_is_plain_characters():
-    tok = CharTokenizer()
-    ids = tok.encode("<|end")
-    assert len(ids) == 5
-    assert tok.decode(ids) == "<|end"
+def test_saved_directory_loads_with_autotokenizer_and_its_template(tmp_path):
+    tok = char_tokenizer()
+    tok.save_pretrained(tmp_path)
+    assert (tmp_path / "tokenizer.json").exists() and (tmp_path / "chat_template.jinja").exists()
+    loaded = AutoTokenizer.from_pretrained(tmp_path)
+    kwargs = {"tools": None, "tokenize": True, "return_dict": False}
+    assert loaded.apply_chat_template(CONVERSATION, **kwargs) == tok.apply_chat_template(CONVERSATION, **kwargs)
+    text = loaded.apply_chat_template(CONVERSATION, tokenize=False)
+    assert text == ('<|user|>What is 3<4 and <b>?<|end|><|assistant|><tool_call>{"name":"calc","arguments":{"a":1}}'
+                    "</tool_call><|end|><|tool|>7<|end|><|assistant|>7<|end|>")
 
 
-def test_decode_skip_special():
-    tok = CharTokenizer()
-    assert tok.decode(tok.encode(render_message("tool", "42")), skip_special=True) == "42"
+def test_template_rejects_an_unknown_role():
+    with pytest.raises(Exception, match="unknown role"):
+        char_tokenizer().apply_chat_template([{"role": "narrator", "content": "x"}], tokenize=False)
 
 
-def test_unknown_characters_map_to_question_mark():
-    tok = CharTokenizer()
-    ids = tok.encode("café\tü")
-    assert len(ids) == 6
-    assert tok.decode(ids) == "caf??" + "?"
-
-
-def test_decode_ignores_ids_past_the_vocab():
-    tok = CharTokenizer()
-    assert tok.decode([tok.token_to_id["a"], 105, 4096, -1, tok.token_to_id["b"]]) == "ab"
-
-
-def test_save_load_round_trip(tmp_path):
-    tok = CharTokenizer()
-    tok.save(tmp_path)
-    data = json.loads((tmp_path / FILE_NAME).read_text())
-    assert data["specials"] == SPECIALS and data["alphabet"] == ALPHABET
-    loaded = CharTokenizer.load(tmp_path)
-    assert loaded.vocab == tok.vocab
-    assert loaded.vocab_size == 105
-    text = render_generation_prompt([{"role": "user", "content": "hi"}])
-    assert loaded.encode(text) == tok.encode(text)
-
-
-def test_load_missing_file_raises(tmp_path):
-    with pytest.raises(FileNotFoundError, match=FILE_NAME):
-        CharTokenizer.load(tmp_path)
-
-
-def test_chat_rendering():
-    assert render_message("user", "hi") == "<|user|>hi<|end|>"
-    assert render_generation_prompt([{"role": "system", "content": "t"}, {"role": "user", "content": "q"}]) == \
-        "<|system|>t<|end|><|user|>q<|end|><|assistant|>"
+def test_bpe_learns_merges_from_the_environment_text_and_shortens_sequences():
+    texts = [t.question for t in generate_tasks(300, seed=0)]
+    bpe, char = bpe_tokenizer(texts, vocab_size=400), char_tokenizer()
+    assert len(bpe) > len(char)
+    assert bpe.convert_tokens_to_ids(["<pad>", "<s>", EOS]) == [0, 1, 2]
+    sample = generate_tasks(20, seed=9)
+    n_bpe = sum(len(bpe.encode(t.question, add_special_tokens=False)) for t in sample)
+    n_char = sum(len(char.encode(t.question, add_special_tokens=False)) for t in sample)
+    assert n_bpe < 0.7 * n_char
+    for t in sample:
+        assert bpe.decode(bpe.encode(t.question, add_special_tokens=False)) == t.question
+    assert set(ALPHABET) <= set("".join(bpe.convert_ids_to_tokens(list(range(len(bpe))))))

@@ -49,7 +49,7 @@ def test_weights_optimizer_rng_and_step_round_trip(tmp_path):
     after_save = _draws()  # what the run would have drawn next
 
     assert path == tmp_path / "step-000007"
-    assert {"model.safetensors", "config.json", "evergreen_tokenizer.json", "optimizer.pt", "rng.pt",
+    assert {"model.safetensors", "config.json", "tokenizer.json", "chat_template.jinja", "optimizer.pt", "rng.pt",
             "state.json"} <= {p.name for p in path.iterdir()}
 
     fresh, _, fresh_opt = _model(seed=1)  # other weights, an optimizer that has never stepped

@@ -5,7 +5,7 @@ import pytest
 
 from tasks.envs import new_episode
 from tasks.envs.desk import toolset_tasks
-from tasks.policy.tokenizer import CharTokenizer
+from tasks.policy.tokenizer import default_chat
 from tasks.rl.records import episode_record, read_step, record_key, write_shard
 
 
@@ -96,7 +96,7 @@ def test_failed_write_leaves_no_temp_file(tmp_path):
 
 
 def test_episode_record_splits_prompt_and_completion():
-    tok = CharTokenizer()
+    tok = default_chat()
     task = toolset_tasks("1", 9, 5)[2]   # population of Kyoto
     ep = new_episode(task, tok)
     prompt = ep.prompt_ids()
@@ -106,7 +106,7 @@ def test_episode_record_splits_prompt_and_completion():
     ep.add_completion(c2, [-0.25] * len(c2))
     r = episode_record(ep, task_index=4, rollout_index=1, policy_version=2)
     assert record_key(r) == (4, 1, 2)
-    assert r["prompt_ids"] == prompt              # ends with the first <|assistant|>
+    assert r["prompt_ids"] == prompt              # ends with the generation prompt, <|assistant|>
     assert r["prompt_ids"] + r["completion_ids"] == ep.token_ids
     assert len(r["completion_ids"]) == len(r["completion_mask"]) == len(r["logprobs"])
     assert sum(r["completion_mask"]) == len(c1) + len(c2) == r["completion_tokens"]

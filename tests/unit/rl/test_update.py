@@ -19,12 +19,12 @@ def _records(tok, n_groups=3, group=4):
     for t in range(n_groups):
         for r in range(group):
             n_p, n_c = 60 + 10 * t, 5 + r
-            comp = torch.randint(9, tok.vocab_size, (n_c,), generator=g).tolist()
+            comp = torch.randint(9, len(tok.tokenizer), (n_c,), generator=g).tolist()
             mask = [1] * (n_c - 2) + [0, 0]
             engine = (-3 * torch.rand(n_c, generator=g)).tolist()
             recs.append({"task_index": t, "rollout_index": r, "policy_version": 0, "reward": float(r % 2),
                          "success": bool(r % 2), "completion_tokens": n_c,
-                         "prompt_ids": torch.randint(9, tok.vocab_size, (n_p,), generator=g).tolist(),
+                         "prompt_ids": torch.randint(9, len(tok.tokenizer), (n_p,), generator=g).tolist(),
                          "completion_ids": comp, "completion_mask": mask,
                          "logprobs": [lp if m else 0.0 for lp, m in zip(engine, mask)]})
     return recs
