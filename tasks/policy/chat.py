@@ -70,9 +70,15 @@ def tool_parser(name: str, tokenizer):
         raise ModelFormatError(f"model.tool_call_parser={name!r} cannot read this tokenizer's calls "
                                f"({type(e).__name__}: {e}); pick the parser of the model's chat template") from None
     # a malformed call is an ordinary outcome of RL, answered with a tool error; the parsers log each one
-    # with a traceback at ERROR
-    logging.getLogger(cls.__module__).setLevel(logging.CRITICAL)
+    # with a traceback at ERROR. A filter, not a level: vLLM's logging config resets its loggers' levels.
+    parser_log = logging.getLogger(cls.__module__)
+    if _drop_parse_errors not in parser_log.filters:
+        parser_log.addFilter(_drop_parse_errors)
     return parser
+
+
+def _drop_parse_errors(record: logging.LogRecord) -> bool:
+    return record.exc_info is None
 
 
 def _call_markers(parser) -> list[str]:
@@ -146,11 +152,18 @@ class ChatFormat:
         whole = self.render(messages, tools, generation_prompt=True)
         if whole[:len(running)] == running:
             return whole[len(running):], True
-        before = self.render(messages[:-new], tools, generation_prompt=False)
-        if whole[:len(before)] != before:
-            raise ModelFormatError("the chat template renders a conversation's earlier messages differently once "
-                                   "a message is added; episodes cannot be extended token by token")
-        return whole[len(before):], False
+        # the template renders the conversation differently from the ids the policy ran on: render the new
+        # messages after only the turn they answer (and the question), which holds for a template that
+        # re-renders calls canonically or rewrites turns before the last one
+        k = len(messages) - new
+        base = [messages[0], messages[k - 1]] if k >= 2 else messages[:k]
+        before = self.render(base, tools, generation_prompt=False)
+        after = self.render(base + messages[k:], tools, generation_prompt=True)
+        common = next((i for i, (a, b) in enumerate(zip(before, after)) if a != b), min(len(before), len(after)))
+        if common < len(before):
+            log.warning("the chat template re-renders the turn before a tool message once the message is added; "
+                        "appending its rendering from the first changed token")
+        return after[common:], False
 
     def turn_ids(self, messages: list[dict], tools: list[dict] | None, message: dict) -> list[int]:
         """The ids of an assistant `message` (an expert's turn) after `messages`, ending with the stop token

@@ -59,7 +59,9 @@ def episode_to_trace(ep: Episode, trace_id: str, when: datetime, model_version: 
                 for c in m["tool_calls"]]
         msg.pop("name", None)
         messages.append(msg)
-    tool_errors = sum(m["role"] == "tool" and m["content"].startswith("error") for m in ep.messages)
+    # errors of calls made; a turn whose call could not be parsed made no call (its error has no call id)
+    tool_errors = sum(m["role"] == "tool" and "tool_call_id" in m and m["content"].startswith("error")
+                      for m in ep.messages)
     score = ep.score()
     prompt_tokens = ep.loss_mask.index(1) if 1 in ep.loss_mask else len(ep.token_ids)
     return {
