@@ -84,7 +84,8 @@ class EnvSettings(_Section):
 
 
 class BootstrapSettings(_Section):
-    steps: int = Field(900, ge=1, description="SFT steps that make the first champion")
+    steps: int = Field(900, ge=0, description="SFT steps that make the first champion from model.name_or_path or "
+                       "the embedded default; 0 registers a team's checkpoint as it is")
     batch_size: int = Field(32, ge=1, description="episodes per SFT step")
     lr: float = Field(4e-3, gt=0, description="AdamW peak learning rate (warmup, hold, cosine decay)")
     micro_batches: int = Field(1, ge=1, description="length-sorted slices of each step's batch, each padded to its "

@@ -55,18 +55,27 @@ def champion_dir(settings, rd) -> Path:
 
 
 def sft_champion(settings, out_dir: str | Path) -> dict:
-    """Build the tiny model from config and fine-tune it into a registry-v1 agent; returns its stats."""
+    """The first champion: `model.name_or_path` (a team's checkpoint) or the embedded default built from
+    config, fine-tuned for `bootstrap.steps` on the environment's demonstrations (0: saved as it is);
+    returns its stats. The model's format is checked before any step is spent."""
     from tasks.envs import get_env
-    from tasks.policy.model import build_model, save_model
+    from tasks.policy.model import build_model, load_model, save_model
     from tasks.policy.sft import sft_train
 
     t0 = time.time()
-    model, chat = build_model(settings.model)
-    losses = sft_train(model, chat, settings)
+    ms = settings.model
+    if ms.name_or_path:
+        model, chat, _ = load_model(ms.name_or_path, model_settings=ms, checksums=False)
+        log.info("first champion from %s (%s)", ms.name_or_path, type(model).__name__)
+    else:
+        model, chat = build_model(ms)
+        chat.check("the embedded default")
+    losses = sft_train(model, chat, settings) if settings.bootstrap.steps else []
     toolset = get_env(settings.env.name).load_toolset(settings.env.champion_toolset)
     path = save_model(model, chat, out_dir, toolset=toolset)
-    stats = {"model_dir": str(path), "sft_steps": len(losses), "final_loss": losses[-1], "seconds": time.time() - t0,
-             "parameters": sum(p.numel() for p in model.parameters())}
+    stats = {"model_dir": str(path), "sft_steps": len(losses), "final_loss": losses[-1] if losses else None,
+             "seconds": time.time() - t0, "parameters": sum(p.numel() for p in model.parameters()),
+             "architecture": type(model).__name__, "source": ms.name_or_path or "embedded default"}
     log.info("sft: %s", stats)
     return stats
 
@@ -90,7 +99,8 @@ def bootstrap(settings, rd, force: bool = False) -> dict:
     with tracker.pipeline_run("bootstrap_champion", settings=settings,
                               tags={"airflow.dag_id": rd.dag_id, "airflow.run_id": rd.run_id}):
         with tracker.stage("bootstrap") as stage:
-            tracker.log_metrics({k: v for k, v in stats.items() if k in ("sft_steps", "final_loss", "seconds", "parameters")})
+            tracker.log_metrics({k: v for k, v in stats.items()
+                                 if k in ("sft_steps", "final_loss", "seconds", "parameters") and v is not None})
             tracker.log_artifacts(out, "model")
             version = registry.register(stage.info.run_id, "model", run_key=f"{rd.run_id}:bootstrap", tags={
                 "evergreen.kind": "bootstrap", "evergreen.registry": settings.env.champion_toolset})

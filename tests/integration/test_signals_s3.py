@@ -86,7 +86,7 @@ def test_load_model_from_s3_prefix(s3, tmp_path):
     s3.create_bucket(Bucket="models")
     _upload_dir(s3, local, "models", "evergreen-agent/v3")
     loaded, tok2, directory = load_model("s3://models/evergreen-agent/v3", cache_dir=tmp_path / "cache")
-    assert tok2.vocab == tok.vocab and json.loads((directory / "tool_registry.json").read_text())["version"] == "1"
+    assert tok2.tokenizer.get_vocab() == tok.tokenizer.get_vocab() and json.loads((directory / "tool_registry.json").read_text())["version"] == "1"
     for (name, a), (_, b) in zip(model.state_dict().items(), loaded.state_dict().items()):
         assert torch.equal(a, b), name
     with pytest.raises(FileNotFoundError, match="no objects under"):
