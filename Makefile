@@ -9,7 +9,7 @@ export RAY_TRAIN_V2_ENABLED := 1
 export RAY_USAGE_STATS_ENABLED := 0
 export PYTHONWARNINGS := ignore::FutureWarning,ignore::DeprecationWarning
 
-.PHONY: venv chromium test test-unit demo demo-cli up down bench clean
+.PHONY: venv chromium test test-unit demo demo-cli serve up down bench clean
 
 venv: $(STAMP)
 
@@ -41,6 +41,10 @@ demo: venv
 # the same stage functions in one process, without Airflow (tasks/stages/demo.py)
 demo-cli: venv
 	$(VENV)/bin/python -m tasks demo
+
+# the registry's champion behind vLLM's OpenAI-compatible server on 127.0.0.1 (PORT=8000), tool parser on
+serve: venv
+	$(VENV)/bin/python -m tasks serve --port $(or $(PORT),8000)
 
 up: venv
 	$(VENV)/bin/python scripts/stack.py up

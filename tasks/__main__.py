@@ -6,6 +6,7 @@
     python -m tasks rollout --model runs/local/champion --toolset 2 --tasks 8 --out runs/local/rollouts
     python -m tasks train --init runs/local/champion --run-dir runs/local/grpo
     python -m tasks demo                                           # the DAGs' stages in one process
+    python -m tasks serve [--port 8000] [--model URI]              # vLLM's OpenAI server on the champion
     python -m tasks --set grpo.steps=5 settings                    # the effective settings, as JSON
     python -m tasks ingest --input PATH --output DIR               # traces -> accepted + quarantine + GX docs
     python -m tasks drift --reference REF --current CUR            # drift report (JSON)
@@ -68,6 +69,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--engines", metavar="NAMESPACE",
                    help="use the running rollout engines named rollout-<i> in this Ray namespace (started if "
                         "missing) and leave them running; by default the job starts its own and stops them")
+    p = sub.add_parser("serve", help="serve the champion (or --model) with vLLM's OpenAI-compatible server")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--host", default="127.0.0.1", help="interface to listen on (loopback unless you mean otherwise)")
+    p.add_argument("--model", help="a model URI or directory (default models:/<promotion.model_name>@champion)")
     sub.add_parser("settings", help="print the effective settings (file, EVERGREEN_* variables, --set) as JSON")
     sub.add_parser("demo", help="the DAGs' stages in one process: bootstrap, simulate, signals, GRPO, evals, gate")
     from tasks.signals import cli as signals_cli
@@ -91,6 +96,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command in signals_cli.COMMANDS:
         return signals_cli.run(args, settings)
+    if args.command == "serve":
+        from tasks.serving import serve
+
+        return serve(settings, args.port, args.model, args.host)
     if args.command == "bootstrap":
         from tasks.stages.models import sft_champion
 

@@ -56,6 +56,9 @@ class ModelSettings(_Section):
     tool_call_parser: str = Field("hermes", description="vLLM tool parser that reads the model's calls (hermes: "
                                   "Qwen2.5/Qwen3/Hermes and the default; llama3_json, mistral, ...), the same in "
                                   "rollouts, evals, the simulator and `make serve`")
+    tokenizer: Literal["char", "bpe"] = Field("char", description="embedded default: one token per character, or "
+                                              "a BPE trained on the environment's demonstrations (shorter sequences)")
+    bpe_vocab_size: int = Field(512, ge=128, description="embedded default with tokenizer=bpe: vocabulary size")
     hidden_size: int = Field(128, gt=0, description="embedded default: width of the tiny Llama")
     num_layers: int = Field(4, gt=0, description="embedded default: decoder layers")
     num_heads: int = Field(4, gt=0, description="embedded default: attention heads; must divide hidden_size")
@@ -92,6 +95,8 @@ class BootstrapSettings(_Section):
                                "own longest episode: 2 pads 10 % of the tokens instead of 19 % and steps about 13 % "
                                "faster, with the same gradient up to float rounding, which changes the champion (README)")
     seed: int = Field(1, description="seed of the random-schema demonstration tasks")
+    threads: int | None = Field(None, ge=1, description="torch threads of the SFT (None: every core); another count "
+                                "sums floats in another order, as another CPU does (bench/seeds.py)")
 
 
 class RolloutSettings(_Section):
@@ -127,6 +132,8 @@ class RolloutSettings(_Section):
 class GRPOSettings(_Section):
     steps: int = Field(30, ge=1, description="policy updates (each: one rollout batch, one gradient step)")
     tasks_per_step: int = Field(32, ge=1, description="tasks per batch; episodes = tasks_per_step * group_size")
+    threads: int | None = Field(None, ge=1, description="torch threads of each training worker (None: the node's "
+                                "cores shared among num_train_workers); changes float summation order (bench/seeds.py)")
     guard_share: float = Field(0.25, ge=0, lt=1, description="share of batch tasks from the champion's toolset (guard)")
     lr: float = Field(1e-3, gt=0, description="AdamW learning rate")
     advantage: Literal["std", "mean"] = Field("std", description="'std': (r-mean)/std (GRPO); 'mean': r-mean (Dr. GRPO)")

@@ -22,13 +22,14 @@ from tasks.policy.chat import ChatFormat
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def build_model(model_settings, chat: ChatFormat | None = None) -> tuple:
-    """(the tiny Llama of the embedded default with random weights, its ChatFormat)."""
+def build_model(model_settings, chat: ChatFormat | None = None, env_name: str = "desk") -> tuple:
+    """(the tiny Llama of the embedded default with random weights, its ChatFormat); the tokenizer is
+    `model.tokenizer`'s, a BPE learning its merges from `env_name`'s demonstrations."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from tasks.policy.tokenizer import char_tokenizer
+    from tasks.policy.tokenizer import default_tokenizer
 
-    chat = chat or ChatFormat(char_tokenizer(), model_settings.tool_call_parser)
+    chat = chat or ChatFormat(default_tokenizer(model_settings, env_name), model_settings.tool_call_parser)
     tok = chat.tokenizer
     cfg = LlamaConfig(
         vocab_size=len(tok), hidden_size=model_settings.hidden_size,

@@ -93,6 +93,8 @@ def lr_factor(step: int, total: int, warmup: float = 0.05, hold: float = 0.7) ->
 def sft_train(model, chat, settings, progress=None) -> list[float]:
     """Train in place; returns the loss per step. `progress(step, total, loss)` is called every step."""
     b = settings.bootstrap
+    if b.threads:
+        torch.set_num_threads(b.threads)
     torch.manual_seed(b.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=b.lr, weight_decay=0.01, betas=(0.9, 0.98))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, b.steps))

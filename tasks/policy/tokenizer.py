@@ -74,6 +74,32 @@ def bpe_tokenizer(texts: Iterable[str], vocab_size: int, template: str | None = 
     return _wrap(backend, template)
 
 
+def environment_text(env_name: str, n: int = 600, seed: int = 7) -> list[str]:
+    """Training-split demonstrations of an environment rendered by the default template: what a BPE for the
+    embedded default learns its merges from (the text its sequences will be made of)."""
+    import random
+
+    from tasks.envs import get_env
+
+    env, tok = get_env(env_name), char_tokenizer()
+    rng = random.Random(seed)
+    texts = []
+    for task in env.generate_tasks(n, seed, split="train"):
+        tools = [{"type": "function", "function": t["function"]} for t in task.tools]
+        call, answer = env.demonstration(task, rng)
+        conversation = [{"role": "user", "content": task.question}, call,
+                        {"role": "tool", "tool_call_id": "call_1", "content": answer["content"]}, answer]
+        texts.append(tok.apply_chat_template(conversation, tools=tools, tokenize=False))
+    return texts
+
+
+def default_tokenizer(model_settings, env_name: str):
+    """The embedded default's tokenizer as `model.tokenizer` chooses it."""
+    if model_settings.tokenizer == "bpe":
+        return bpe_tokenizer(environment_text(env_name), model_settings.bpe_vocab_size)
+    return char_tokenizer()
+
+
 def default_chat(tool_call_parser: str = "hermes"):
     """The embedded default's ChatFormat (the character tokenizer and its template)."""
     from tasks.policy.chat import ChatFormat

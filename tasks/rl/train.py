@@ -260,7 +260,7 @@ def grpo_loop(config: dict) -> None:
     logging.getLogger("tasks").setLevel(logging.INFO)
     # Ray sets OMP_NUM_THREADS=1 for a 1-CPU worker; rollouts and updates alternate, so while this
     # worker trains the engines are idle and it may use every core of the node
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // settings.grpo.num_train_workers))
+    torch.set_num_threads(settings.grpo.threads or max(1, (os.cpu_count() or 1) // settings.grpo.num_train_workers))
     run_dir = Path(config["run_dir"])
     ckpt_dir = run_dir / "checkpoints"
     ctx = ray.train.get_context()

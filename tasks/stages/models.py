@@ -68,7 +68,7 @@ def sft_champion(settings, out_dir: str | Path) -> dict:
         model, chat, _ = load_model(ms.name_or_path, model_settings=ms, checksums=False)
         log.info("first champion from %s (%s)", ms.name_or_path, type(model).__name__)
     else:
-        model, chat = build_model(ms)
+        model, chat = build_model(ms, env_name=settings.env.name)
         chat.check("the embedded default")
     losses = sft_train(model, chat, settings) if settings.bootstrap.steps else []
     toolset = get_env(settings.env.name).load_toolset(settings.env.champion_toolset)

@@ -62,3 +62,25 @@ def test_bpe_learns_merges_from_the_environment_text_and_shortens_sequences():
     for t in sample:
         assert bpe.decode(bpe.encode(t.question, add_special_tokens=False)) == t.question
     assert set(ALPHABET) <= set("".join(bpe.convert_ids_to_tokens(list(range(len(bpe))))))
+
+
+def test_the_bpe_default_halves_the_demonstrations_and_keeps_them_exact():
+    import random
+
+    from tasks.config import ModelSettings
+    from tasks.envs import new_episode
+    from tasks.envs.desk import demonstration, toolset_tasks
+    from tasks.policy.model import build_model
+
+    lengths = {}
+    for kind in ("char", "bpe"):
+        _, chat = build_model(ModelSettings(tokenizer=kind, hidden_size=32, num_layers=1, num_heads=1,
+                                            intermediate_size=32))
+        lengths[kind] = 0
+        for task in toolset_tasks("1", 12, 5):
+            ep = new_episode(task, chat)
+            for message in demonstration(task, random.Random(0)):
+                ep.add_message(message)
+            assert ep.score()["success"] and ep.template_mismatches == 0
+            lengths[kind] += len(ep.token_ids)
+    assert lengths["bpe"] < 0.6 * lengths["char"]
