@@ -69,6 +69,29 @@ def save_model(model, chat: ChatFormat, directory: str | Path, toolset: dict | N
     return directory
 
 
+def check_engine_support(config: dict) -> None:
+    """Refuse, before any compute, a model config vLLM cannot run on this machine: an architecture outside
+    vLLM's registry, or on CPU a head size its attention kernels lack (ModelFormatError naming the field)."""
+    import torch
+    import vllm
+    from vllm.model_executor.models import ModelRegistry
+
+    from tasks.policy.chat import ModelFormatError
+
+    archs = config.get("architectures") or []
+    if not set(archs) & set(ModelRegistry.get_supported_archs()):
+        raise ModelFormatError(f"model.name_or_path: architecture {archs} is not one vLLM {vllm.__version__} runs; "
+                               "pick a supported model or set rollout.backend=hf (transformers generate)")
+    if not torch.cuda.is_available():
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+        head = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+        sizes = CPUAttentionBackend.get_supported_head_sizes()
+        if head not in sizes:
+            raise ModelFormatError(f"model: head size {head} (hidden_size / num_heads) is not one vLLM's CPU attention "
+                                   f"runs ({sizes}); change model.hidden_size or model.num_heads, or rollout.backend=hf")
+
+
 def resolve_model_dir(uri: str | Path, cache_dir: str | Path | None = None, revision: str | None = None) -> Path:
     """A local directory for `uri`: a path, `s3://bucket/prefix` (boto3), `models:/name@alias` (MLflow), or a
     Hugging Face Hub id (`org/name`, at `revision`) where a hub is reachable."""
@@ -76,7 +99,11 @@ def resolve_model_dir(uri: str | Path, cache_dir: str | Path | None = None, revi
     if uri.startswith("models:/") or uri.startswith("runs:/"):
         import mlflow
 
-        return Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(cache_dir) if cache_dir else None))
+        try:
+            return Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(cache_dir) if cache_dir else None))
+        except mlflow.exceptions.MlflowException as e:
+            raise FileNotFoundError(f"{uri} is not in the MLflow registry at {mlflow.get_tracking_uri()}: "
+                                    f"check the name and alias or version ({e.message.splitlines()[0]})") from e
     if uri.startswith("s3://"):
         prefix = uri.rstrip("/") + "/"
         files = storage.list_files(prefix)

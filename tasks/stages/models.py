@@ -59,7 +59,7 @@ def sft_champion(settings, out_dir: str | Path) -> dict:
     config, fine-tuned for `bootstrap.steps` on the environment's demonstrations (0: saved as it is);
     returns its stats. The model's format is checked before any step is spent."""
     from tasks.envs import get_env
-    from tasks.policy.model import build_model, load_model, save_model
+    from tasks.policy.model import build_model, check_engine_support, load_model, save_model
     from tasks.policy.sft import sft_train
 
     t0 = time.time()
@@ -70,6 +70,8 @@ def sft_champion(settings, out_dir: str | Path) -> dict:
     else:
         model, chat = build_model(ms, env_name=settings.env.name)
         chat.check("the embedded default")
+    if settings.rollout.backend == "vllm":
+        check_engine_support(model.config.to_dict() | {"architectures": [type(model).__name__]})
     losses = sft_train(model, chat, settings) if settings.bootstrap.steps else []
     toolset = get_env(settings.env.name).load_toolset(settings.env.champion_toolset)
     path = save_model(model, chat, out_dir, toolset=toolset)

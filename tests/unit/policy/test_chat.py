@@ -127,3 +127,24 @@ def test_qwen_template_passes_the_checks(tmp_path):
     chat = ChatFormat.load(_saved(tmp_path, qwen_tokenizer()))
     assert chat.tokenizer.chat_template == QWEN_TEMPLATE
     assert chat.eos_id == chat.tokenizer.convert_tokens_to_ids("<|im_end|>")
+
+
+# ---------------------------------------------------------------- what the engines can run
+
+def test_an_architecture_vllm_does_not_run_and_a_cpu_head_size_it_lacks():
+    from tasks.policy.model import check_engine_support
+
+    llama = {"architectures": ["LlamaForCausalLM"], "hidden_size": 128, "num_attention_heads": 4}
+    check_engine_support(llama)
+    with pytest.raises(ModelFormatError, match=r"architecture \['MyOwnForCausalLM'\] is not one vLLM"):
+        check_engine_support(llama | {"architectures": ["MyOwnForCausalLM"]})
+    with pytest.raises(ModelFormatError, match="head size 16 .*model.hidden_size or model.num_heads"):
+        check_engine_support(llama | {"hidden_size": 64})
+
+
+def test_a_missing_registry_alias_names_the_uri(tmp_path, monkeypatch):
+    from tasks.policy.model import resolve_model_dir
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    with pytest.raises(FileNotFoundError, match="models:/nobody@champion is not in the MLflow registry"):
+        resolve_model_dir("models:/nobody@champion", tmp_path / "dl")
