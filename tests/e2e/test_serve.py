@@ -2,7 +2,6 @@
 vLLM's OpenAI-compatible server on loopback, and the `openai` client gets parsed tool calls back."""
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -47,28 +46,23 @@ def server(airflow_stack, finished_run, tmp_path):
         log.close()
 
 
-def test_the_champion_answers_chat_completions_with_parsed_tool_calls(server):
+def test_the_loops_champion_is_served_after_promotion(server):
+    """The champion the REST-triggered run promoted, downloaded from the registry and checked; the e2e
+    stack's champion is a 30-step SFT, so it may answer or call: either way a well-formed reply through the
+    hermes parser. That a served model's calls come back parsed: tests/integration/test_serve.py."""
     import openai
 
     from tasks.envs.desk import toolset_tasks
 
     url, tmp_path = server
-    task = toolset_tasks("1", 1, 5)[0]
+    task = toolset_tasks("2", 1, 5)[0]
     tools = [{"type": "function", "function": t["function"]} for t in task.tools]
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused")
     assert [m.id for m in client.models.list()] == ["evergreen-agent"]
-    # the downloaded champion was checked: its checksums and its chat format
     assert (tmp_path / "run" / "serving" / "champion" / "checksums.json").exists()
-    required = client.chat.completions.create(
-        model="evergreen-agent", messages=[{"role": "user", "content": task.question}], tools=tools,
-        tool_choice="required", max_tokens=64, temperature=0)
-    (call,) = required.choices[0].message.tool_calls[:1]
-    assert call.function.name == tools[0]["function"]["name"]
-    assert isinstance(json.loads(call.function.arguments), dict)
-    # automatic choice goes through the hermes parser: a call or an answer, either way a well-formed reply
-    auto = client.chat.completions.create(
+    reply = client.chat.completions.create(
         model="evergreen-agent", messages=[{"role": "user", "content": task.question}], tools=tools,
         tool_choice="auto", max_tokens=48, temperature=0)
-    choice = auto.choices[0]
+    choice = reply.choices[0]
     assert choice.finish_reason in ("stop", "length", "tool_calls")
     assert choice.message.tool_calls or isinstance(choice.message.content, str)
