@@ -2,6 +2,7 @@
 vLLM's OpenAI-compatible server on loopback, and the `openai` client gets parsed tool calls back."""
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -41,7 +42,8 @@ def server(airflow_stack, finished_run, tmp_path):
                 time.sleep(1)
         yield url, tmp_path
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
+        with contextlib.suppress(ProcessLookupError):  # the server may have exited on its own
+            os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=60)
         log.close()
 
