@@ -176,6 +176,7 @@ class Episode:
             return self._finish(f"context of {self.max_len} tokens exhausted")
 
     def _run_calls(self, text: str, turn: ParsedTurn) -> None:
+        first_call = self.n_calls + 1  # call ids number the episode's calls: call_1, call_2, ...
         results, well_formed = [], True
         for call in turn.calls:
             self.n_calls += 1
@@ -205,17 +206,17 @@ class Episode:
                 self.answered.append((call.name, call.arguments, results[-1][1]))
         self.n_well_formed_turns += well_formed
         if well_formed:
-            ids = [f"call_{self.n_calls - len(results) + k + 1}" for k in range(len(results))]
+            ids = [f"call_{first_call + k}" for k in range(len(results))]
             self.messages.append({"role": "assistant", "content": turn.content, "tool_calls": [
                 {"id": i, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
                 for i, (c, _) in zip(ids, results)]})
-            self.messages += [{"role": "tool", "tool_call_id": i, "name": c.name, "content": r}
-                              for i, (c, r) in zip(ids, results)]
+            answers = [{"role": "tool", "tool_call_id": i, "name": c.name, "content": r}
+                       for i, (c, r) in zip(ids, results)]
         else:  # the calls could not be read: the raw text, and one error the policy can act on
             self.messages.append({"role": "assistant", "content": text})
-            self.messages.append({"role": "tool", "content": "\n".join(r for _, r in results)})
-        new = len(results) if well_formed else 1  # tool messages after the assistant message
-        ids, matched = self.chat.extend(self.token_ids, self.messages, self.tools, new=new)
+            answers = [{"role": "tool", "content": "\n".join(r for _, r in results)}]
+        self.messages += answers
+        ids, matched = self.chat.extend(self.token_ids, self.messages, self.tools, new=len(answers))
         if not matched:
             self.template_mismatches += 1
             log.debug("episode %s turn %d: the template renders the policy's call differently from the ids it "

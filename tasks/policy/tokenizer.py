@@ -75,21 +75,21 @@ def bpe_tokenizer(texts: Iterable[str], vocab_size: int, template: str | None = 
 
 
 def environment_text(env_name: str, n: int = 600, seed: int = 7) -> list[str]:
-    """Training-split demonstrations of an environment rendered by the default template: what a BPE for the
-    embedded default learns its merges from (the text its sequences will be made of)."""
+    """Training-split demonstrations of an environment, played through the episode loop on the character
+    tokenizer and decoded: what a BPE for the embedded default learns its merges from (the text its
+    sequences will be made of)."""
     import random
 
-    from tasks.envs import get_env
+    from tasks.envs import get_env, new_episode
 
-    env, tok = get_env(env_name), char_tokenizer()
+    env, chat = get_env(env_name), default_chat()
     rng = random.Random(seed)
     texts = []
     for task in env.generate_tasks(n, seed, split="train"):
-        tools = [{"type": "function", "function": t["function"]} for t in task.tools]
-        call, answer = env.demonstration(task, rng)
-        conversation = [{"role": "user", "content": task.question}, call,
-                        {"role": "tool", "tool_call_id": "call_1", "content": answer["content"]}, answer]
-        texts.append(tok.apply_chat_template(conversation, tools=tools, tokenize=False))
+        ep = new_episode(task, chat)
+        for message in env.demonstration(task, rng):
+            ep.add_message(message)
+        texts.append(chat.decode(ep.token_ids))
     return texts
 
 

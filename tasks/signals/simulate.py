@@ -67,7 +67,7 @@ def episode_to_trace(ep: Episode, trace_id: str, when: datetime, model_version: 
     return {
         "trace_id": trace_id, "timestamp": when.isoformat().replace("+00:00", "Z"), "workload": ep.task.family,
         "model": {"name": "evergreen-agent", "version": model_version},
-        "tools": [{"type": t["type"], "function": t["function"]} for t in ep.task.tools],
+        "tools": ep.tools,
         "messages": messages,
         "outcome": {"success": score["success"], "reward": score["reward"], "tool_errors": tool_errors,
                     "latency_ms": round(40 + 2.5 * ep.completion_tokens + rng.expovariate(1 / 30), 1),

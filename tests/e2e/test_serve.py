@@ -2,50 +2,18 @@
 vLLM's OpenAI-compatible server on loopback, and the `openai` client gets parsed tool calls back."""
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
-import subprocess
-import sys
-import time
-import urllib.request
-from pathlib import Path
-
 import pytest
 
-from scripts.stack import free_port
+from tests.services import served
 
 pytestmark = pytest.mark.e2e
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
 def server(airflow_stack, finished_run, tmp_path):
     assert finished_run["status"] == "promoted", finished_run["status"]
-    port = free_port()
-    log = open(tmp_path / "serve.log", "w")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tasks", "--set", f"tracking.uri={airflow_stack.mlflow_url}", "--set",
-         f"run_dir={tmp_path / 'run'}", "--set", "rollout.kv_cache_mb=32", "serve", "--port", str(port)],
-        cwd=ROOT, env=os.environ | {"PYTHONPATH": str(ROOT)}, stdout=log, stderr=subprocess.STDOUT,
-        start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/v1/models", timeout=2).read()
-                break
-            except OSError:
-                assert proc.poll() is None, f"serve exited: {(tmp_path / 'serve.log').read_text()[-3000:]}"
-                assert time.monotonic() < deadline, "vLLM's server did not come up within 300 s"
-                time.sleep(1)
+    with served(airflow_stack.mlflow_url, tmp_path) as url:
         yield url, tmp_path
-    finally:
-        with contextlib.suppress(ProcessLookupError):  # the server may have exited on its own
-            os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=60)
-        log.close()
 
 
 def test_the_loops_champion_is_served_after_promotion(server):

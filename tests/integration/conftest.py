@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from tasks.net import free_port
+from tests.services import wait_for_http
 
 # Ray reads its auth mode and token when it is first imported, and an explicit cluster address never
 # turns token auth on by itself: give this test run's head a token before anything imports ray.
@@ -143,17 +144,7 @@ def mlflow_server(s3, tmp_path_factory):
     saved = os.environ.get("MLFLOW_TRACKING_URI")
     os.environ["MLFLOW_TRACKING_URI"] = uri
     try:
-        import urllib.request
-
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                urllib.request.urlopen(f"{uri}/health", timeout=2).read()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"mlflow server did not start on {uri}; see {log.name}")
-                time.sleep(0.5)
+        wait_for_http(f"{uri}/health", proc, Path(log.name), timeout=90)
         proc.log_path = Path(log.name)
         proc.uri = uri
         yield proc

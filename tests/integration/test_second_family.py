@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.families import build_qwen
+from tests.services import register_champion
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -79,8 +80,6 @@ def test_rollouts_on_vllm_and_hf_generate(champion, backend):
 
 def test_grpo_weight_sync_eval_and_the_registry_round_trip(champion, ray_head, mlflow_server, tmp_path):
     from tasks.policy.model import load_model
-    from tasks.promotion.registry import ModelRegistry
-    from tasks.tracking import Tracker
 
     run_dir = tmp_path / "grpo"
     result = _run(ray_head, "--set", "grpo.steps=2", "--set", "grpo.tasks_per_step=2", "--set", "rollout.group_size=4",
@@ -94,12 +93,7 @@ def test_grpo_weight_sync_eval_and_the_registry_round_trip(champion, ray_head, m
                  "eval", "--model", str(trained), "--toolset", "2")
     assert 0.0 <= evals["2"]["mean"] <= 1.0 and 0.0 <= evals["2"]["greedy"] <= 1.0
 
-    tracker = Tracker(mlflow_server.uri, experiment="evergreen-qwen")
-    with tracker.pipeline_run("qwen"):
-        tracker.log_artifacts(trained, "model")
-        run_id = tracker.mlflow.active_run().info.run_id
-    registry = ModelRegistry("evergreen-qwen")
-    registry.promote(registry.register(run_id, "model", run_key="qwen-1"), run_key="qwen-1")
+    register_champion(mlflow_server.uri, "evergreen-qwen", trained, run_key="qwen-1")
     model, chat, _ = load_model("models:/evergreen-qwen@champion", cache_dir=tmp_path / "loaded")
     assert type(model).__name__ == "Qwen2ForCausalLM"
     assert chat.eos_id == chat.tokenizer.convert_tokens_to_ids("<|im_end|>")
