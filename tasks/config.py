@@ -129,6 +129,13 @@ class RolloutSettings(_Section):
         return self.weight_sync == "collective" and self.weight_transfer_backend in ("nccl", "ipc")
 
 
+class LoraSettings(_Section):
+    rank: int = Field(8, ge=1, le=512, description="adapter rank r (the engines take the next of vLLM's ranks 1, 8, 16, 32, ...)")
+    alpha: float = Field(16.0, gt=0, description="LoRA alpha: the update is scaled by alpha / rank")
+    target_modules: list[str] = Field(["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+                                      min_length=1, description="names of the linear layers that get an adapter")
+
+
 class GRPOSettings(_Section):
     steps: int = Field(30, ge=1, description="policy updates (each: one rollout batch, one gradient step)")
     tasks_per_step: int = Field(32, ge=1, description="tasks per batch; episodes = tasks_per_step * group_size")
@@ -162,6 +169,9 @@ class GRPOSettings(_Section):
     gpus_per_train_worker: float = Field(0.0, ge=0, description="Ray GPUs each Ray Train worker holds: > 0 trains "
                                          "on CUDA (a fraction shares the GPU with the rollout engines), 0 on the CPU")
     seed: int = Field(7, description="seed of task sampling and rollouts")
+    lora: LoraSettings | None = Field(None, description="train a LoRA adapter instead of every weight (e.g. "
+                                      "--set grpo.lora.rank=8); the engines take each policy version as a vLLM LoRA "
+                                      "adapter through the object store, whatever rollout.weight_sync says; None = full")
 
     @field_validator("eps_high")
     @classmethod
@@ -303,6 +313,19 @@ class Settings(_Section):
     tracking: TrackingSettings = TrackingSettings()
     ray: RaySettings = RaySettings()
     monitor: MonitorSettings = MonitorSettings()
+
+    @property
+    def collective_sync(self) -> bool:
+        """Whether weights reach the engines through a weight-transfer group: LoRA adapters always go by the
+        object store (they are small; vLLM takes an adapter from a directory, not a broadcast)."""
+        return self.rollout.collective_sync and self.grpo.lora is None
+
+    @model_validator(mode="after")
+    def _lora_needs_vllm(self):
+        if self.grpo.lora is not None and self.rollout.backend != "vllm":
+            raise ValueError("grpo.lora trains an adapter that vLLM's engines apply per request: set "
+                             "rollout.backend=vllm, or grpo.lora=null for full-weight training on the hf backend")
+        return self
 
     @model_validator(mode="after")
     def _gpu_transfer_needs_gpus(self):

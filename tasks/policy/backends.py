@@ -139,9 +139,10 @@ class VLLMBackend:
     name = "vllm"
 
     def __init__(self, model_dir: str, max_len: int = 512, kv_cache_mb: int = 256, seed: int = 0,
-                 weight_transfer: str | None = None, dtype: str = "float32"):
+                 weight_transfer: str | None = None, dtype: str = "float32", lora_rank: int | None = None):
         """`weight_transfer`: a vLLM weight-transfer backend ("gloo" or "nccl"; tasks/rl/weight_transfer.py)
-        to build the engine with, so that a trainer can broadcast weights into it."""
+        to build the engine with, so that a trainer can broadcast weights into it. `lora_rank`: build it
+        with LoRA enabled up to that rank (one adapter at a time: each policy version replaces the last)."""
         # In-process engine (no engine-core subprocess inside a Ray actor or a test). On CPU the
         # "uni" executor silently becomes "mp" unless this is "0" before vllm is imported.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -152,6 +153,8 @@ class VLLMBackend:
             from tasks.rl.weight_transfer import engine_transfer_config
 
             extra["weight_transfer_config"] = engine_transfer_config(weight_transfer)
+        if lora_rank:
+            extra |= {"enable_lora": True, "max_lora_rank": lora_rank, "max_loras": 1}
         with _unbound_proxies_hidden():
             self.llm = LLM(
                 model=str(model_dir), dtype=dtype, max_model_len=max_len,
@@ -167,10 +170,41 @@ class VLLMBackend:
             )
         self.engine = self.llm.llm_engine
         self._next_id = 0
+        self.lora = None  # the LoRARequest every request carries (the policy version's adapter), if any
+        self._lora_ids = 0
 
     def load_weights(self, state_dict: dict) -> None:
+        """Full weights (base names): the engine serves exactly them, so any adapter is dropped."""
+        self._drop_adapter()
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(state_dict.items())})
         self._reset_prefix_cache()
+
+    def load_adapter(self, adapter: dict) -> None:
+        """A LoRA adapter ({"config", "tensors"}, tasks/policy/lora.py) on top of the engine's weights, for
+        every request from now on. vLLM reads adapters from a directory only: each version is written to a
+        fresh one under a new name and id (prefix-cache keys include both, so no stale KV is reused)."""
+        import tempfile
+
+        from vllm.lora.request import LoRARequest
+
+        from tasks.policy.lora import write_adapter
+
+        if not self.engine.vllm_config.lora_config:
+            raise RuntimeError("this engine was built without LoRA: start it with lora_rank (grpo.lora set)")
+        self._drop_adapter()
+        self._lora_ids += 1
+        directory = write_adapter(tempfile.mkdtemp(prefix="evergreen-lora-"), adapter)
+        self.lora = LoRARequest(f"policy-{self._lora_ids}", self._lora_ids, str(directory))
+        if not self.engine.add_lora(self.lora):  # load it now: the sync's time, not the first request's
+            raise RuntimeError(f"vLLM refused the LoRA adapter in {directory}")
+
+    def _drop_adapter(self) -> None:
+        if self.lora is not None:
+            import shutil
+
+            self.engine.remove_lora(self.lora.lora_int_id)
+            shutil.rmtree(self.lora.lora_path, ignore_errors=True)
+            self.lora = None
 
     def _reset_prefix_cache(self) -> None:
         # the prefix cache holds KV computed with the old weights: without a reset, outputs silently
@@ -213,7 +247,7 @@ class VLLMBackend:
             rid = f"r{self._next_id}"
             self._next_id += 1
             params = self._params(sampling, ep.remaining_tokens(), sampling.request_seed(eid, ep.turns))
-            self.engine.add_request(rid, {"prompt_token_ids": ep.prompt_ids()}, params)
+            self.engine.add_request(rid, {"prompt_token_ids": ep.prompt_ids()}, params, lora_request=self.lora)
             inflight[rid] = (ep, eid)
 
         for ep, eid in zip(episodes, episode_ids):

@@ -2,7 +2,8 @@
 
 A model directory is a standard Hugging Face checkpoint: `save_pretrained` of the model (config.json,
 generation_config.json, model.safetensors) and of its tokenizer with its chat template, plus
-checksums.json (and the toolset it was trained for). The embedded default is a Llama-architecture model
+checksums.json (and the toolset it was trained for; for a LoRA-trained model, `adapter/`: the adapter
+with a reference to its base). The embedded default is a Llama-architecture model
 (about 0.9M parameters) with the character-level tokenizer of tasks/policy/tokenizer.py; nothing is
 downloaded. Any other causal LM with a tool-calling chat template loads the same way (`model.name_or_path`).
 """
@@ -19,6 +20,7 @@ import torch
 from tasks import storage
 from tasks.policy.chat import ChatFormat
 
+ADAPTER_DIR = "adapter"  # a LoRA-trained model keeps the adapter it was merged from here (tasks/policy/lora.py)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -43,11 +45,13 @@ def build_model(model_settings, chat: ChatFormat | None = None, env_name: str = 
     return LlamaForCausalLM(cfg), chat
 
 
-def save_model(model, chat: ChatFormat, directory: str | Path, toolset: dict | None = None) -> Path:
+def save_model(model, chat: ChatFormat, directory: str | Path, toolset: dict | None = None,
+               adapter: str | Path | None = None) -> Path:
     """Write atomically: a half-written model directory is never visible under its final name.
 
     `toolset` is the version of the tool registry the model was trained for, kept beside the weights so that a
-    later tool change can be diffed against it (tasks.envs.toolset.toolset_of_model).
+    later tool change can be diffed against it (tasks.envs.toolset.toolset_of_model). `adapter`: a LoRA
+    adapter directory (tasks/policy/lora.save_adapter) the weights were merged from, kept as `adapter/`.
     """
     directory = Path(directory)
     directory.parent.mkdir(parents=True, exist_ok=True)
@@ -58,6 +62,8 @@ def save_model(model, chat: ChatFormat, directory: str | Path, toolset: dict | N
         from tasks.envs.toolset import TOOLSET_FILENAME
 
         (tmp / TOOLSET_FILENAME).write_text(json.dumps(toolset, indent=1))
+    if adapter is not None:
+        shutil.copytree(adapter, tmp / ADAPTER_DIR)
     storage.write_manifest(tmp)  # checked by load_model: a corrupted artifact is refused
     if directory.exists():
         old = directory.with_name(f".{directory.name}.old-{os.getpid()}")

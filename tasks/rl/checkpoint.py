@@ -1,7 +1,8 @@
 """Training checkpoints: safetensors weights, optimizer state, RNG states and the step, written atomically.
 
 Layout: `<dir>/step-000010/{model.safetensors, config.json, the tokenizer files, optimizer.pt, rng.pt,
-state.json}`. A checkpoint is complete only once renamed into place, so a run killed mid-write resumes
+state.json}` (with `grpo.lora`: peft's adapter_model.safetensors and adapter_config.json instead of the
+weights; resume wraps the base first). A checkpoint is complete only once renamed into place, so a run killed mid-write resumes
 from the previous one. The newest `keep` checkpoints are kept.
 """
 from __future__ import annotations
@@ -46,7 +47,12 @@ def restore_checkpoint(path: str | Path, model, optimizer) -> dict:
     from safetensors.torch import load_file
 
     path = Path(path)
-    getattr(model, "module", model).load_state_dict(load_file(path / "model.safetensors"))
+    if (path / "adapter_model.safetensors").exists():  # grpo.lora: peft saved only the adapter
+        from tasks.policy.lora import restore_adapter
+
+        restore_adapter(model, path)
+    else:
+        getattr(model, "module", model).load_state_dict(load_file(path / "model.safetensors"))
     optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False))
     rng = torch.load(path / "rng.pt", weights_only=False)
     torch.set_rng_state(rng["torch"])

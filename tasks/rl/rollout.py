@@ -35,7 +35,8 @@ class RolloutWorker:
 
     def __init__(self, model_dir: str, backend: str = "vllm", max_len: int = 512, kv_cache_mb: int = 256,
                  max_turns: int = 4, max_tokens_per_turn: int = 96, threads: int = 1, core: int | None = None,
-                 weight_transfer: str | None = None, tool_call_parser: str = "hermes", dtype: str = "float32"):
+                 weight_transfer: str | None = None, tool_call_parser: str = "hermes", dtype: str = "float32",
+                 lora_rank: int | None = None):
         if core is not None and hasattr(os, "sched_setaffinity"):
             # two engines on two cores must not fight over one; vLLM's own binding is off in-process
             os.sched_setaffinity(0, {core % os.cpu_count()})
@@ -52,7 +53,7 @@ class RolloutWorker:
             from tasks.policy.backends import VLLMBackend
 
             self.backend = VLLMBackend(model_dir, max_len=max_len, kv_cache_mb=kv_cache_mb,
-                                       weight_transfer=weight_transfer, dtype=dtype)
+                                       weight_transfer=weight_transfer, dtype=dtype, lora_rank=lora_rank)
         else:
             from tasks.config import ModelSettings
             from tasks.policy.backends import HFBackend
@@ -69,6 +70,13 @@ class RolloutWorker:
     def load_weights(self, state_dict: dict, policy_version: int) -> float:
         t0 = time.time()
         self.backend.load_weights(state_dict)
+        self.policy_version = policy_version
+        return time.time() - t0
+
+    def load_adapter(self, adapter: dict, policy_version: int) -> float:
+        """A LoRA adapter on top of the engine's weights (the vLLM backend only; settings refuse hf)."""
+        t0 = time.time()
+        self.backend.load_adapter(adapter)
         self.policy_version = policy_version
         return time.time() - t0
 
@@ -127,7 +135,12 @@ def start_rollout_actors(model_dir: str | Path, settings, first_core: int = 0, i
     # set before the actor process imports torch/vllm: thread counts cannot be changed afterwards
     env_vars = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "1", "VLLM_LOGGING_LEVEL": "ERROR",
                 "TOKENIZERS_PARALLELISM": "false", "PYTHONWARNINGS": "ignore"}
-    transfer = r.weight_transfer_backend if r.collective_sync else None
+    transfer = r.weight_transfer_backend if settings.collective_sync else None
+    lora_rank = None
+    if settings.grpo.lora is not None:
+        from tasks.policy.lora import engine_rank
+
+        lora_rank = engine_rank(settings.grpo.lora.rank)
 
     def options(i: int) -> dict:
         opts = {"runtime_env": {"env_vars": env_vars}}
@@ -138,7 +151,7 @@ def start_rollout_actors(model_dir: str | Path, settings, first_core: int = 0, i
     return [actor_cls.options(**options(i)).remote(
                 str(model_dir), r.backend, settings.model.max_len, r.kv_cache_mb, settings.env.max_turns,
                 settings.env.max_tokens_per_turn, core=first_core + i, weight_transfer=transfer,
-                tool_call_parser=settings.model.tool_call_parser, dtype=settings.model.dtype)
+                tool_call_parser=settings.model.tool_call_parser, dtype=settings.model.dtype, lora_rank=lora_rank)
             for i in (range(r.num_workers) if indices is None else indices)]
 
 
@@ -152,6 +165,7 @@ class RolloutPool:
         self.actors = actors or start_rollout_actors(self.model_dir, settings, first_core)
         self.policy_version = 0
         self._weights = None  # the current weights, for a replacement actor
+        self._adapter = None  # the current LoRA adapter on top of them, if any
         self._transfer = None  # the open collective group (CollectiveWeightSync), if that path is used
         infos = ray.get([a.info.remote() for a in self.actors])
         log.info("rollout pool: %d %s workers up (engine build %.1fs max)", len(infos), r.backend,
@@ -163,7 +177,7 @@ class RolloutPool:
 
     @property
     def collective(self) -> bool:
-        return self.settings.rollout.collective_sync
+        return self.settings.collective_sync
 
     def sync_weights(self, state_dict: dict, version: int) -> float:
         """Every engine gets `state_dict` (a snapshot on the trainer's device, `state_dict_snapshot`) as policy
@@ -179,7 +193,7 @@ class RolloutPool:
 
             self._transfer = CollectiveWeightSync(self.actors, self.settings.rollout.weight_transfer_backend,
                                                   host=ray.util.get_node_ip_address())
-        self._weights = state_dict
+        self._weights, self._adapter = state_dict, None
         self._transfer.send(state_dict, version)
         self.policy_version = version
         return time.time() - t0
@@ -190,9 +204,19 @@ class RolloutPool:
         many syncs, while opening one for a single load imports vLLM's transfer engine into the caller (about
         15 s in an Airflow task here). Returns seconds."""
         t0 = time.time()
-        self._weights = state_dict
+        self._weights, self._adapter = state_dict, None
         ref = ray.put(state_dict)  # once, whatever the number of engines
         ray.get([a.load_weights.remote(ref, version) for a in self.actors])
+        self.policy_version = version
+        return time.time() - t0
+
+    def sync_adapter(self, adapter: dict, version: int) -> float:
+        """Every engine applies the LoRA `adapter` ({"config", "tensors"}, tasks/policy/lora.py) on top of the
+        weights it holds, as policy `version`: one ray.put of the adapter's tensors. Returns seconds."""
+        t0 = time.time()
+        self._adapter = adapter
+        ref = ray.put(adapter)
+        ray.get([a.load_adapter.remote(ref, version) for a in self.actors])
         self.policy_version = version
         return time.time() - t0
 
@@ -211,8 +235,11 @@ class RolloutPool:
         # a collective group includes the dead engine: drop it, the next sync opens one with the new set
         self.close_transfer()
         self.actors[index] = start_rollout_actors(self.model_dir, self.settings, self.first_core, [index])[0]
+        adapter = self._adapter
         if self._weights is not None:
             self.sync_weights(self._weights, self.policy_version)
+        if adapter is not None:
+            self.sync_adapter(adapter, self.policy_version)
 
     def run_batch(self, tasks: list[Task], group_size: int, out_dir: str | Path, seed: int,
                   temperature: float | None = None, max_attempts: int = 3) -> list[dict]:

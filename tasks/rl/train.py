@@ -270,12 +270,23 @@ def grpo_loop(config: dict) -> None:
     device = ray.train.torch.get_device() if g.device == "cuda" else torch.device("cpu")
     model, chat, _ = load_model(config["init_model"], model_settings=settings.model)
     model.to(device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=g.lr, weight_decay=0.0, betas=(0.9, 0.99))
+    base = None
+    if g.lora is not None:
+        from tasks.policy import lora
+
+        # the engines may hold other weights (another model's eval): they get the base once, then adapters
+        base = state_dict_snapshot(model) if rank == 0 else None
+        model = lora.wrap(model, g.lora)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=g.lr, weight_decay=0.0, betas=(0.9, 0.99))
     start = 0
     if (ckpt := latest_checkpoint(ckpt_dir)) is not None:
         start = restore_checkpoint(ckpt, model, optimizer)["step"]
         log.info("resuming GRPO from %s (step %d of %d)", ckpt, start, g.steps)
-    ref_model = load_model(config["init_model"], model_settings=settings.model)[0].to(device) if g.uses_reference else None
+    ref_model = None
+    if g.uses_reference:  # with LoRA the reference is the frozen base under the adapter, not a second copy
+        ref_model = (lora.BaseOf(model) if g.lora is not None else
+                     load_model(config["init_model"], model_settings=settings.model)[0].to(device))
     # no DDP wrapper: grpo_step all-reduces the summed gradients itself, once per optimizer step, so that
     # ranks with different numbers of micro-batches still pair their collectives; every rank loaded the
     # same weights, and the same reduced gradient keeps them equal
@@ -283,7 +294,13 @@ def grpo_loop(config: dict) -> None:
     if rank == 0:
         pool = RolloutPool(config["init_model"], settings, actors=config.get("actors"))
         # the engines may hold other weights (another model's eval): always start from the trainer's
-        pool.sync_weights(state_dict_snapshot(model), version=start)
+        if g.lora is None:
+            pool.sync_weights(state_dict_snapshot(model), version=start)
+        else:
+            pool.load_weights(base, version=start)
+            del base
+            if start:
+                pool.sync_adapter(lora.adapter_state(model), version=start)
     metrics_path = run_dir / "metrics.jsonl"
     if rank == 0:
         keep_metrics(metrics_path, start)
@@ -308,8 +325,17 @@ def grpo_loop(config: dict) -> None:
         m = grpo_step(model, optimizer, records, settings, chat.pad_id, ref_model, demos, rank, world)
         t_train = time.time() - t0 - t_roll
         version = step + 1
-        sync_s = pool.sync_weights(state_dict_snapshot(model), version) if rank == 0 else 0.0
-        m.update(step=version, rollout_s=t_roll, train_s=t_train, weight_sync_s=sync_s,
+        sync_s, sync_bytes = 0.0, 0
+        if rank == 0:
+            if g.lora is None:
+                weights = state_dict_snapshot(model)
+                sync_s = pool.sync_weights(weights, version)
+                sync_bytes = sum(t.numel() * t.element_size() for t in weights.values())
+            else:
+                adapter = lora.adapter_state(model)
+                sync_s = pool.sync_adapter(adapter, version)
+                sync_bytes = lora.adapter_bytes(adapter)
+        m.update(step=version, rollout_s=t_roll, train_s=t_train, weight_sync_s=sync_s, weight_sync_bytes=sync_bytes,
                  generated_tokens=sum(r["completion_tokens"] for r in records))
         report_kwargs = {}
         if rank == 0:
@@ -323,8 +349,14 @@ def grpo_loop(config: dict) -> None:
                 report_kwargs["checkpoint"] = ray.train.Checkpoint.from_directory(str(path))
         ray.train.report(m, **report_kwargs)
     if rank == 0:
+        adapter_dir = None
+        if g.lora is not None:
+            # the challenger is the merged model (what the eval engines, the registry's next cycle and
+            # `make serve` load), with the adapter and its base beside it
+            adapter_dir = lora.save_adapter(model, run_dir / "adapter", config["init_model"])
+            model = model.merge_and_unload()
         save_model(getattr(model, "module", model), chat, run_dir / "model",
-                   toolset=get_env(settings.env.name).load_toolset(settings.env.target_toolset))
+                   toolset=get_env(settings.env.name).load_toolset(settings.env.target_toolset), adapter=adapter_dir)
         if config.get("actors"):
             pool.close_transfer()  # the engines go back to their owner, who opens its own group
         else:
