@@ -29,7 +29,8 @@ FLOOR_GAIN, FLOOR_LOSS = 0.25, -0.05
 KEYS = ("greedy_success", "sampled_success")
 
 
-def _tasks(args, *command: str, threads: int) -> dict:
+def run_cli(args, *command: str, threads: int) -> dict:
+    """`python -m tasks <command>` with the bench's --set pairs; its last stdout line as JSON."""
     sets = [x for pair in args.set for x in ("--set", pair)]
     env = os.environ | {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": str(threads), "RAY_TRAIN_V2_ENABLED": "1"}
     done = subprocess.run([sys.executable, "-m", "tasks", *sets, *command], cwd=ROOT, env=env, capture_output=True,
@@ -77,15 +78,15 @@ def main(argv: list[str] | None = None) -> int:
             if all((threads, sft_seed, g) in done for g in args.grpo_seeds):
                 continue
             if not (champion / "config.json").exists():
-                _tasks(args, "--set", f"bootstrap.seed={sft_seed}", "--set", f"bootstrap.threads={threads}",
+                run_cli(args, "--set", f"bootstrap.seed={sft_seed}", "--set", f"bootstrap.threads={threads}",
                        "bootstrap", "--out", str(champion), threads=threads)
             for grpo_seed in args.grpo_seeds:
                 if (threads, sft_seed, grpo_seed) in done:
                     continue
                 run = champion.parent / f"grpo{grpo_seed}"
-                _tasks(args, "--set", f"grpo.seed={grpo_seed}", "--set", f"grpo.threads={threads}", "train",
+                run_cli(args, "--set", f"grpo.seed={grpo_seed}", "--set", f"grpo.threads={threads}", "train",
                        "--init", str(champion), "--run-dir", str(run), threads=threads)
-                diff = _tasks(args, "eval", "--model", str(run / "model"), "--against", str(champion),
+                diff = run_cli(args, "eval", "--model", str(run / "model"), "--against", str(champion),
                               "--toolset", "2", "1", threads=threads)
                 draw = {"threads": threads, "sft_seed": sft_seed, "grpo_seed": grpo_seed, **diff}
                 draw["passes"] = passes(draw)
