@@ -165,6 +165,11 @@ class GRPOSettings(_Section):
                              "1 = on-policy REINFORCE with a group baseline (the clip is inert, clip metrics null)")
     micro_batch_tokens: int = Field(8192, ge=512, description="padded tokens per forward/backward (memory bound)")
     checkpoint_every: int = Field(5, ge=1, description="checkpoint every N steps (weights, optimizer, RNG, step)")
+    validation_tasks: int = Field(0, ge=0, description="dev-split tasks per toolset scored (greedy and one sample) "
+                                  "at step 0 and every checkpoint; the challenger is then the checkpoint with the best "
+                                  "target score whose guard score holds (tasks/rl/selection.py); 0 = the last step")
+    validation_max_guard_loss: float = Field(0.05, ge=0, le=1, description="how far below the champion's guard-"
+                                             "toolset validation score a checkpoint may fall and still be chosen")
     num_train_workers: int = Field(1, ge=1, description="Ray Train workers (DDP: gloo on CPU, NCCL on GPUs)")
     gpus_per_train_worker: float = Field(0.0, ge=0, description="Ray GPUs each Ray Train worker holds: > 0 trains "
                                          "on CUDA (a fraction shares the GPU with the rollout engines), 0 on the CPU")

@@ -18,7 +18,8 @@ import torch
 
 
 def save_checkpoint(directory: str | Path, step: int, model, chat, optimizer, extra: dict | None = None,
-                    keep: int = 2) -> Path:
+                    keep: int = 2, protected: tuple[int, ...] = ()) -> Path:
+    """Write step `step`'s checkpoint; then remove all but the newest `keep` and the `protected` steps."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     final = directory / f"step-{step:06d}"
@@ -32,8 +33,10 @@ def save_checkpoint(directory: str | Path, step: int, model, chat, optimizer, ex
     if final.exists():
         shutil.rmtree(final)
     tmp.rename(final)
+    keep_names = {f"step-{s:06d}" for s in protected}
     for old in sorted(directory.glob("step-*"))[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+        if old.name not in keep_names:
+            shutil.rmtree(old, ignore_errors=True)
     return final
 
 
@@ -42,8 +45,8 @@ def latest_checkpoint(directory: str | Path) -> Path | None:
     return found[-1] if found else None
 
 
-def restore_checkpoint(path: str | Path, model, optimizer) -> dict:
-    """Load weights, optimizer and RNG states in place; returns the saved state (with `step`)."""
+def restore_weights(path: str | Path, model) -> None:
+    """Load a checkpoint's weights (or, with grpo.lora, its adapter) into `model` in place."""
     from safetensors.torch import load_file
 
     path = Path(path)
@@ -53,6 +56,12 @@ def restore_checkpoint(path: str | Path, model, optimizer) -> dict:
         restore_adapter(model, path)
     else:
         getattr(model, "module", model).load_state_dict(load_file(path / "model.safetensors"))
+
+
+def restore_checkpoint(path: str | Path, model, optimizer) -> dict:
+    """Load weights, optimizer and RNG states in place; returns the saved state (with `step`)."""
+    path = Path(path)
+    restore_weights(path, model)
     optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False))
     rng = torch.load(path / "rng.pt", weights_only=False)
     torch.set_rng_state(rng["torch"])

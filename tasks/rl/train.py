@@ -252,6 +252,7 @@ def grpo_loop(config: dict) -> None:
     from tasks.policy.model import load_model, save_model, state_dict_snapshot
     from tasks.rl.checkpoint import latest_checkpoint, restore_checkpoint, save_checkpoint
     from tasks.rl.rollout import RolloutPool
+    from tasks.rl.selection import open_choice
 
     settings = Settings.model_validate(config["settings"])
     g = settings.grpo
@@ -305,6 +306,7 @@ def grpo_loop(config: dict) -> None:
     if rank == 0:
         keep_metrics(metrics_path, start)
     champion_toolset = get_env(settings.env.name).load_toolset(settings.env.champion_toolset)
+    choice = open_choice(settings, run_dir, pool, start) if rank == 0 else None
     for step in range(start, g.steps):
         t0 = time.time()
         records = None
@@ -345,10 +347,15 @@ def grpo_loop(config: dict) -> None:
                      version, g.steps, m["reward_mean"], m["success_rate"], m["loss"], m["episodes_trained"],
                      m["episodes"], t_roll, t_train)
             if version % g.checkpoint_every == 0 or version == g.steps:
-                path = save_checkpoint(ckpt_dir, version, model, chat, optimizer, {"policy_version": version})
+                path = save_checkpoint(ckpt_dir, version, model, chat, optimizer, {"policy_version": version},
+                                       protected=choice.protected() if choice else ())
                 report_kwargs["checkpoint"] = ray.train.Checkpoint.from_directory(str(path))
+                if choice:
+                    choice.score(pool, version)
         ray.train.report(m, **report_kwargs)
     if rank == 0:
+        if choice:
+            choice.finish(model, g.steps, ckpt_dir)
         adapter_dir = None
         if g.lora is not None:
             # the challenger is the merged model (what the eval engines, the registry's next cycle and

@@ -12,11 +12,10 @@ log = logging.getLogger(__name__)
 
 
 def challenger_version(rd) -> int:
-    """The challenger's policy version: the GRPO steps it was trained for (its metrics' last step)."""
-    from tasks.rl.metrics import read_metrics
+    """The challenger's policy version: the GRPO step it was chosen at (the last one without validation)."""
+    from tasks.rl.selection import challenger_step
 
-    metrics = read_metrics(rd.path / "grpo" / "metrics.jsonl")
-    return int(metrics[-1]["step"]) if metrics else 0
+    return challenger_step(rd.path / "grpo")
 
 
 def evaluate(settings, rd) -> dict:

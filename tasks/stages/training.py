@@ -46,6 +46,7 @@ def record_training(settings, rd, job: dict | None = None) -> dict:
     """After the Ray job: its metrics and the challenger go to MLflow (the model under the pipeline run's
     `model` path, which move_aliases registers)."""
     from tasks.rl.metrics import read_metrics
+    from tasks.rl.selection import challenger_step
     from tasks.stages.report import stage_run, tracker_of
 
     grpo = rd.path / "grpo"
@@ -65,7 +66,12 @@ def record_training(settings, rd, job: dict | None = None) -> dict:
         shards = sorted((grpo / "rollouts").glob("step-*/shard-0000.jsonl"))
         if shards:  # a sample of rollouts (the last step's first shard), not all of them
             tracker.log_artifact(shards[-1], "sample_rollouts")
-        tracker.set_tags({"evergreen.policy_version": str(metrics[-1]["step"]) if metrics else "0",
+        if (grpo / "selection.json").exists():  # the checkpoint choice: validation scores per step, the chosen one
+            for row in rd.read("grpo", "selection.json")["rows"]:
+                tracker.log_metrics({f"validation_v{t}_{k}": v for t, d in row.items() if t != "step"
+                                     for k, v in d.items()}, step=row["step"])
+            tracker.log_artifact(grpo / "selection.json", "training")
+        tracker.set_tags({"evergreen.policy_version": str(challenger_step(grpo)),
                           "ray.job_id": (job or {}).get("job_id", "")})
     with tracker.within(rd.read("run.json")["mlflow_run_id"]):
         tracker.log_artifacts(grpo / "model", "model")

@@ -26,10 +26,13 @@ def _env(ray_head):
     return os.environ | {"EVERGREEN_RAY__ADDRESS": ray_head.address, "PYTHONPATH": str(ROOT)}
 
 
+VALIDATED = ("--set", "grpo.validation_tasks=10")  # the checkpoint choice across the kill as well
+
+
 def test_killed_training_resumes_from_checkpoint_and_ends_at_same_step(ray_head, tiny_model, tmp_path):
     run_dir = tmp_path / "grpo"
     log = open(tmp_path / "first.log", "w")
-    first = subprocess.Popen(_train_cmd(tiny_model, run_dir), env=_env(ray_head), cwd=ROOT, stdout=log,
+    first = subprocess.Popen(_train_cmd(tiny_model, run_dir, *VALIDATED), env=_env(ray_head), cwd=ROOT, stdout=log,
                              stderr=subprocess.STDOUT, start_new_session=True)
     ckpt = run_dir / "checkpoints" / "step-000002" / "state.json"
     deadline = time.time() + 400
@@ -42,7 +45,7 @@ def test_killed_training_resumes_from_checkpoint_and_ends_at_same_step(ray_head,
     steps_before = [json.loads(l)["step"] for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert 2 in steps_before and max(steps_before) < 4
 
-    second = subprocess.run(_train_cmd(tiny_model, run_dir), env=_env(ray_head), cwd=ROOT, capture_output=True,
+    second = subprocess.run(_train_cmd(tiny_model, run_dir, *VALIDATED), env=_env(ray_head), cwd=ROOT, capture_output=True,
                             text=True, timeout=600)
     assert second.returncode == 0, second.stderr[-3000:]
     assert "resuming GRPO from" in second.stderr
@@ -59,9 +62,10 @@ def test_killed_training_resumes_from_checkpoint_and_ends_at_same_step(ray_head,
 
     # resume equals uninterrupted: the same four steps in one go end at the same weights and metrics
     straight = tmp_path / "straight"
-    third = subprocess.run(_train_cmd(tiny_model, straight), env=_env(ray_head), cwd=ROOT, capture_output=True,
+    third = subprocess.run(_train_cmd(tiny_model, straight, *VALIDATED), env=_env(ray_head), cwd=ROOT, capture_output=True,
                            text=True, timeout=600)
     assert third.returncode == 0, third.stderr[-3000:]
+    import torch
     from safetensors.torch import load_file
 
     resumed, uninterrupted = load_file(run_dir / "model" / "model.safetensors"), load_file(straight / "model" / "model.safetensors")
@@ -71,6 +75,15 @@ def test_killed_training_resumes_from_checkpoint_and_ends_at_same_step(ray_head,
     metrics = lambda d: [json.loads(l) for l in (d / "metrics.jsonl").read_text().splitlines()]  # noqa: E731
     for a, b in zip(metrics(run_dir), metrics(straight), strict=True):
         assert (a["step"], a["reward_mean"], a["trained_tokens"]) == (b["step"], b["reward_mean"], b["trained_tokens"])
+
+    # the challenger is the validated choice among steps 2 and 4, the same with and without the kill, and
+    # its weights are that checkpoint's (kept on disk whatever the rotation)
+    choices = [json.loads((d / "selection.json").read_text()) for d in (run_dir, straight)]
+    assert choices[0]["step"] == choices[1]["step"] in (2, 4)
+    assert [r["step"] for r in choices[0]["rows"]] == [r["step"] for r in choices[1]["rows"]] == [0, 2, 4]
+    assert choices[0]["rows"] == choices[1]["rows"]
+    chosen = load_file(run_dir / "checkpoints" / f"step-{choices[0]['step']:06d}" / "model.safetensors")
+    assert all(torch.equal(chosen[k], resumed[k]) for k in chosen)
 
 
 def test_injected_training_failure_fails_the_command_with_the_reason(ray_head, tiny_model, tmp_path):

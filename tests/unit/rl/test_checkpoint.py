@@ -119,3 +119,13 @@ def test_a_corrupt_checkpoint_is_refused_and_the_model_left_as_it_was(tmp_path):
     for k, v in before.items():
         assert torch.equal(fresh.state_dict()[k], v), "nothing of a corrupt checkpoint is loaded"
     assert fresh_opt.state_dict()["state"] == {}
+
+
+def test_rotation_keeps_the_newest_and_the_protected_steps(tmp_path):
+    model, tok, opt = _model()
+    for step in (5, 10, 15):
+        save_checkpoint(tmp_path, step, model, tok, opt, keep=2, protected=(5,))
+    save_checkpoint(tmp_path, 20, model, tok, opt, keep=2, protected=(5,))
+    assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-000005", "step-000015", "step-000020"]
+    save_checkpoint(tmp_path, 25, model, tok, opt, keep=2)  # no longer protected: rotated away
+    assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-000020", "step-000025"]
