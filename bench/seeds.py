@@ -9,7 +9,9 @@ bootstrapped once (`python -m tasks bootstrap`, toolset v1), then for each GRPO 
 trained from it (`python -m tasks train`, the DAG's Ray job) and both are evaluated on the gate's held-out
 tasks of both toolsets (`python -m tasks eval --against`: paired bootstrap of the per-task difference).
 Every draw is appended to `<out>/draws.jsonl` as it finishes and skipped when the bench is run again, so
-an interrupted run resumes. Prints one JSON line: per metric (v2 and v1 difference, greedy and sampled)
+an interrupted run resumes. With `--set grpo.validation_tasks=N` the challenger is GRPO's validated
+checkpoint choice (tasks/rl/selection.py); the last step's checkpoint is then evaluated too, so one run
+measures the choice against taking the last step on the same draws (`last_step` in the JSON line). Prints one JSON line: per metric (v2 and v1 difference, greedy and sampled)
 the mean and sd over draws, and how many draws clear issue 2's floor (v2 at least +25 pts with its 95 %
 interval above zero, at most 5 pts lost on v1, greedy and sampled).
 """
@@ -38,6 +40,19 @@ def run_cli(args, *command: str, threads: int) -> dict:
     if done.returncode:
         raise SystemExit(f"python -m tasks {' '.join(command)} failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def last_model(run: Path, step: int) -> Path:
+    """The run's last-step checkpoint saved as a model directory (checksummed, as `eval` loads)."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from tasks.policy.model import load_model, save_model
+
+    out = run / "last_model"
+    if not (out / "config.json").exists():
+        model, chat, _ = load_model(run / "checkpoints" / f"step-{step:06d}", checksums=False)
+        save_model(model, chat, out)
+    return out
 
 
 def passes(draw: dict) -> bool:
@@ -89,6 +104,13 @@ def main(argv: list[str] | None = None) -> int:
                 diff = run_cli(args, "eval", "--model", str(run / "model"), "--against", str(champion),
                               "--toolset", "2", "1", threads=threads)
                 draw = {"threads": threads, "sft_seed": sft_seed, "grpo_seed": grpo_seed, **diff}
+                if (run / "selection.json").exists():  # with grpo.validation_tasks: the last step beside the choice
+                    choice = json.loads((run / "selection.json").read_text())
+                    draw["chosen_step"], draw["last_step"] = choice["step"], choice["last_step"]
+                    draw["last"] = diff if choice["step"] == choice["last_step"] else run_cli(
+                        args, "eval", "--model", str(last_model(run, choice["last_step"])), "--against",
+                        str(champion), "--toolset", "2", "1", threads=threads)
+                    draw["last"]["passes"] = passes(draw["last"])
                 draw["passes"] = passes(draw)
                 with open(ledger, "a") as f:
                     f.write(json.dumps(draw) + "\n")
@@ -96,7 +118,10 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"draw t{threads} sft{sft_seed} grpo{grpo_seed}: v2 greedy {draw['2']['greedy_success']['difference']['mean']:+.3f}"
                       f" v1 greedy {draw['1']['greedy_success']['difference']['mean']:+.3f} passes={draw['passes']}"
                       f" ({time.time() - t0:.0f}s)", file=sys.stderr)
-    print(json.dumps(summarize(draws) | {"seconds": round(time.time() - t0, 1), "out": str(out)}))
+    report = summarize(draws)
+    if with_last := [d["last"] for d in draws if "last" in d]:  # the same draws, had the last step been taken
+        report["last_step"] = summarize(with_last)
+    print(json.dumps(report | {"seconds": round(time.time() - t0, 1), "out": str(out)}))
     return 0
 
 
