@@ -137,6 +137,28 @@ class Tracker:
     def log_artifacts(self, local_dir: str | Path, artifact_path: str | None = None) -> None:
         self.mlflow.log_artifacts(str(local_dir), artifact_path)
 
+    def log_model(self, model_dir: str | Path, artifact_path: str = "model") -> None:
+        """A saved model directory as an MLflow model of the transformers flavor (`MLmodel`, the directory
+        unchanged under `model/`, its tokenizer under `components/`, a pyfunc for OpenAI-style chat), so that
+        `mlflow.transformers.load_model` / `mlflow.pyfunc.load_model` and MLflow's serving read a registry
+        version; Evergreen's loaders take the directory under `model/` (tasks.policy.model.resolve_model_dir)."""
+        import tempfile
+
+        import mlflow.transformers
+        import torch
+        import transformers
+        from huggingface_hub import ModelCard
+
+        with tempfile.TemporaryDirectory(prefix="evergreen-mlmodel-") as tmp:
+            out = Path(tmp) / "model"
+            # a local checkpoint: MLflow copies the directory as it is (checksums included); pinned requirements
+            # and a card of our own, so nothing is inferred by importing the model or asked of the Hub
+            mlflow.transformers.save_model(
+                transformers_model=str(model_dir), path=str(out), task="llm/v1/chat",
+                pip_requirements=[f"transformers=={transformers.__version__}", f"torch=={torch.__version__}"],
+                model_card=ModelCard("Evergreen agent: a policy trained by the Evergreen loop."))
+            self.mlflow.log_artifacts(str(out), artifact_path)
+
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
         self.mlflow.log_artifact(str(path), artifact_path)
 

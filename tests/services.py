@@ -60,7 +60,7 @@ def register_champion(tracking_uri: str, name: str, model_dir: Path, run_key: st
 
     tracker = Tracker(tracking_uri, experiment=name)
     with tracker.pipeline_run(run_key):
-        tracker.log_artifacts(model_dir, "model")
+        tracker.log_model(model_dir)
         run_id = tracker.mlflow.active_run().info.run_id
     registry = ModelRegistry(name)
     registry.promote(registry.register(run_id, "model", run_key=run_key), run_key=run_key)

@@ -101,7 +101,17 @@ def check_engine_support(config: dict) -> None:
 def resolve_model_dir(uri: str | Path, cache_dir: str | Path | None = None, revision: str | None = None) -> Path:
     """A local directory for `uri`: a path, `s3://bucket/prefix` (boto3), `models:/name@alias` (MLflow), or a
     Hugging Face Hub id (`org/name`, at `revision`) where a hub is reachable."""
-    uri = str(uri)
+    return _model_of_mlmodel(_resolve(str(uri), cache_dir, revision))
+
+
+def _model_of_mlmodel(directory: Path) -> Path:
+    """An MLflow model of the transformers flavor (what the registry holds, Tracker.log_model) keeps the model
+    directory under `model/`; any other directory is the model itself."""
+    inner = directory / "model"
+    return inner if (directory / "MLmodel").exists() and (inner / "config.json").exists() else directory
+
+
+def _resolve(uri: str, cache_dir, revision) -> Path:
     if uri.startswith("models:/") or uri.startswith("runs:/"):
         import mlflow
 
@@ -124,7 +134,7 @@ def resolve_model_dir(uri: str | Path, cache_dir: str | Path | None = None, revi
     path = Path(uri)
     if not path.exists() and _looks_like_hub_id(uri):
         return _hub_snapshot(uri, revision, cache_dir)
-    if not (path / "config.json").exists():
+    if not (path / "config.json").exists() and not (path / "MLmodel").exists():
         raise FileNotFoundError(f"{path} is not a saved model directory (no config.json); run `python -m tasks bootstrap` first")
     return path
 

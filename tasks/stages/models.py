@@ -103,7 +103,7 @@ def bootstrap(settings, rd, force: bool = False) -> dict:
         with tracker.stage("bootstrap") as stage:
             tracker.log_metrics({k: v for k, v in stats.items()
                                  if k in ("sft_steps", "final_loss", "seconds", "parameters") and v is not None})
-            tracker.log_artifacts(out, "model")
+            tracker.log_model(out)
             version = registry.register(stage.info.run_id, "model", run_key=f"{rd.run_id}:bootstrap", tags={
                 "evergreen.kind": "bootstrap", "evergreen.registry": settings.env.champion_toolset})
             if registry.version_of(CHAMPION) is None:

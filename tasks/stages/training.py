@@ -74,6 +74,6 @@ def record_training(settings, rd, job: dict | None = None) -> dict:
         tracker.set_tags({"evergreen.policy_version": str(challenger_step(grpo)),
                           "ray.job_id": (job or {}).get("job_id", "")})
     with tracker.within(rd.read("run.json")["mlflow_run_id"]):
-        tracker.log_artifacts(grpo / "model", "model")
+        tracker.log_model(grpo / "model")
     last = metrics[-1] if metrics else {}
     return {"steps": len(metrics), "final_reward": last.get("reward_mean"), "job": job}

@@ -148,7 +148,7 @@ def test_a_tampered_artifact_is_refused_at_load_through_models_uri(mlflow_server
 
     tracker = Tracker(mlflow_server.uri, experiment="evergreen-it")
     with tracker.pipeline_run("tamper"):
-        tracker.log_artifacts(model_dirs["1"], "model")
+        tracker.log_model(model_dirs["1"])  # the registry's layout: the directory under the MLflow model's model/
         run_id = tracker.mlflow.active_run().info.run_id
     reg = ModelRegistry(NAME + "-tamper")
     reg.promote(reg.register(run_id, "model", run_key="t1"), run_key="t1")
@@ -159,6 +159,39 @@ def test_a_tampered_artifact_is_refused_at_load_through_models_uri(mlflow_server
     s3.put_object(Bucket="mlflow-artifacts", Key=key, Body=body.replace(b'"hidden_size": 128', b'"hidden_size": 256'))
     with pytest.raises(ChecksumError, match="config.json"):
         load_model(f"models:/{NAME}-tamper@champion", cache_dir=tmp_path / "bad")
+
+
+def test_a_registered_model_is_an_mlflow_transformers_model_and_evergreen_loads_its_directory(mlflow_server, s3,
+                                                                                               model_dirs, tmp_path):
+    import mlflow
+    import mlflow.transformers
+
+    from tasks.policy.model import load_model
+    from tasks.promotion.registry import ModelRegistry
+    from tasks.tracking import Tracker
+
+    tracker = Tracker(mlflow_server.uri, experiment="evergreen-it")
+    with tracker.pipeline_run("flavor"):
+        tracker.log_model(model_dirs["2"])
+        run_id = tracker.mlflow.active_run().info.run_id
+    reg = ModelRegistry(NAME + "-flavor")
+    reg.promote(reg.register(run_id, "model", run_key="f1"), run_key="f1")
+    uri = f"models:/{NAME}-flavor@champion"
+
+    info = mlflow.models.get_model_info(uri)  # MLflow's own reading of the MLmodel file
+    assert {"transformers", "python_function"} <= set(info.flavors)
+    assert info.flavors["transformers"]["inference_task"] == "llm/v1/chat"
+    pipe = mlflow.transformers.load_model(uri)
+    assert type(pipe.model).__name__ == "LlamaForCausalLM"
+    answer = mlflow.pyfunc.load_model(uri).predict({"messages": [{"role": "user", "content": "2+3?"}], "max_tokens": 8})
+    assert answer[0]["choices"][0]["message"]["role"] == "assistant"
+
+    # Evergreen's loader takes the model directory inside, checksums verified, the toolset file beside it
+    model, chat, directory = load_model(uri, cache_dir=tmp_path / "evergreen")
+    assert directory.name == "model" and (directory.parent / "MLmodel").exists()
+    assert (directory / "tool_registry.json").exists() and chat.tokenizer is not None
+    names = {a.path for a in mlflow.MlflowClient().list_artifacts(run_id, "model")}
+    assert {"model/MLmodel", "model/model", "model/components"} <= names
 
 
 def test_server_down_fails_cleanly_and_leaves_aliases(mlflow_server, model_dirs):
