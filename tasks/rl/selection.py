@@ -1,5 +1,7 @@
 """The challenger is the best validated checkpoint, not simply the last step's weights.
 
+    python -m tasks --set grpo.validation_tasks=64 train --init <champion> --run-dir <run>   # <run>/selection.json
+
 At step 0 and at every checkpoint, GRPO's rank-0 worker scores the pool's current weights on dev-split
 tasks of both toolsets (content disjoint from training and from the gate's eval tasks by construction):
 greedy and one sample per task. The challenger is the checkpoint with the best target score among those
