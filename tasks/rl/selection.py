@@ -36,7 +36,8 @@ def validation_score(row: dict, toolset: str) -> float:
 def choose_checkpoint(rows: list[dict], target: str, guard: str, max_guard_loss: float) -> dict:
     """The chosen row among the trained ones (`step` > 0): the best target score whose guard score is at
     most `max_guard_loss` below the champion's (the row of step 0); ties go to the higher guard score,
-    then the earlier step. With no row within the guard, the one with the best guard score."""
+    then the later step (where validation cannot tell, the run's last word, as without it). With no row
+    within the guard, the one with the best guard score."""
     champion = next((r for r in rows if r["step"] == 0), None)
     trained = [r for r in rows if r["step"] > 0]
     if champion is None or not trained:
@@ -44,8 +45,8 @@ def choose_checkpoint(rows: list[dict], target: str, guard: str, max_guard_loss:
     floor = validation_score(champion, guard) - max_guard_loss
     held = [r for r in trained if validation_score(r, guard) >= floor - 1e-9]
     if held:
-        return max(held, key=lambda r: (validation_score(r, target), validation_score(r, guard), -r["step"]))
-    return max(trained, key=lambda r: (validation_score(r, guard), validation_score(r, target), -r["step"]))
+        return max(held, key=lambda r: (validation_score(r, target), validation_score(r, guard), r["step"]))
+    return max(trained, key=lambda r: (validation_score(r, guard), validation_score(r, target), r["step"]))
 
 
 def validation_tasks(settings) -> dict[str, list]:

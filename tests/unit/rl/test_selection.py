@@ -32,9 +32,10 @@ def test_the_champion_is_never_chosen_even_when_it_scores_best():
     assert _choose([_row(0, 0.9, 0.9), _row(5, 0.1, 0.9)]) == 5
 
 
-def test_ties_go_to_the_better_guard_then_the_earlier_step():
-    assert _choose([_row(0, 0.1, 0.8), _row(5, 0.5, 0.78), _row(10, 0.5, 0.80)]) == 10
-    assert _choose([_row(0, 0.1, 0.8), _row(5, 0.5, 0.8), _row(10, 0.5, 0.8)]) == 5
+def test_ties_go_to_the_better_guard_then_the_later_step():
+    assert _choose([_row(0, 0.1, 0.8), _row(5, 0.5, 0.80), _row(10, 0.5, 0.78)]) == 5
+    assert _choose([_row(0, 0.1, 0.8), _row(5, 0.5, 0.8), _row(10, 0.5, 0.8)]) == 10
+    assert _choose([_row(0, 0.0, 0.0), _row(2, 0.0, 0.0), _row(4, 0.0, 0.0)]) == 4  # a model that solves nothing
 
 
 def test_when_no_checkpoint_holds_the_guard_the_least_forgetful_is_chosen():
