@@ -56,3 +56,36 @@ def test_challenger_step_is_the_chosen_one_else_the_last_trained(tmp_path):
     (tmp_path / "selection.json").write_text(json.dumps({"step": 2, "last_step": 4}))
     assert challenger_step(tmp_path) == 2
     assert challenger_step(tmp_path / "missing") == 0
+
+
+def test_finish_puts_the_chosen_checkpoints_weights_into_the_model(tmp_path):
+    """The scores as a run leaves them in validation.jsonl; the checkpoints as GRPO writes them (the chosen
+    one protected from rotation); the model ends with the chosen step's weights, not the last step's."""
+    import torch
+
+    from tasks.config import load_settings
+    from tasks.policy.model import build_model
+    from tasks.rl.checkpoint import save_checkpoint
+    from tasks.rl.selection import CheckpointChoice
+
+    settings = load_settings(environ={}, overrides={
+        "model": {"hidden_size": 32, "num_layers": 1, "num_heads": 1, "intermediate_size": 64, "max_len": 128},
+        "grpo": {"validation_tasks": 4}})
+    rows = [_row(0, 0.1, 0.8), _row(2, 0.5, 0.79), _row(4, 0.7, 0.6), _row(6, 0.4, 0.8)]
+    (tmp_path / "validation.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    model, tok = build_model(settings.model)
+    opt = torch.optim.AdamW(model.parameters())
+    choice = CheckpointChoice(settings, tmp_path)
+    weights = {}
+    for step in (2, 4, 6):
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(0.01 * step)
+        weights[step] = {k: v.clone() for k, v in model.state_dict().items()}
+        choice.rows = [r for r in rows if r["step"] <= step]  # what the run knew when it saved this step
+        save_checkpoint(tmp_path / "checkpoints", step, model, tok, opt, keep=1, protected=choice.protected())
+
+    assert choice.finish(model, 6, tmp_path / "checkpoints") == 2  # step 4 lost 20 points of guard
+    assert all(torch.equal(v, weights[2][k]) for k, v in model.state_dict().items())
+    saved = json.loads((tmp_path / "selection.json").read_text())
+    assert (saved["step"], saved["last_step"]) == (2, 6) and [r["step"] for r in saved["rows"]] == [0, 2, 4, 6]
