@@ -31,6 +31,9 @@ from tasks.net import free_port, port_busy
 
 PROJECT = Path(__file__).resolve().parents[1]
 USER = "evergreen"
+# MLflow 3's server starts a job runner and seven huey consumers for its GenAI jobs (evaluations, trace
+# rollups) that Evergreen never submits: on 2 cores they slow its start past a minute under load
+MLFLOW_SERVER_ENV = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
 
 
 class ApiClient:
@@ -220,10 +223,10 @@ class Stack:
     def client(self) -> ApiClient:
         return ApiClient(self.api_url, USER, self.password)
 
-    def _spawn(self, name: str, cmd: list[str]) -> None:
+    def _spawn(self, name: str, cmd: list[str], env: dict | None = None) -> None:
         log = open(self.home / "logs" / f"{name}.log", "ab")
         # its own session: stopping the stack signals the whole group (gunicorn / executor children too)
-        self.procs[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env(),
+        self.procs[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env() | (env or {}),
                                             cwd=PROJECT, start_new_session=True)
         (self.home / "pids").mkdir(exist_ok=True)
         (self.home / "pids" / f"{name}.pid").write_text(str(self.procs[name].pid))
@@ -255,7 +258,7 @@ class Stack:
         bin_dir = Path(sys.executable).parent
         self._spawn("mlflow", [str(bin_dir / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(self.mlflow_port),
                                "--workers", "1", "--backend-store-uri", f"sqlite:///{self.home / 'mlflow' / 'mlflow.db'}",
-                               "--artifacts-destination", str(self.home / "mlflow" / "artifacts")])
+                               "--artifacts-destination", str(self.home / "mlflow" / "artifacts")], env=MLFLOW_SERVER_ENV)
         migrate = subprocess.run([str(bin_dir / "airflow"), "db", "migrate"], env=self.env(), cwd=PROJECT,
                                  capture_output=True, text=True)
         if migrate.returncode != 0:

@@ -135,7 +135,9 @@ def mlflow_server(s3, tmp_path_factory):
     port = free_port()
     uri = f"http://127.0.0.1:{port}"
     log = open(home / "server.log", "w")
-    env = {**os.environ, "MLFLOW_S3_ENDPOINT_URL": os.environ["EVERGREEN_S3_ENDPOINT_URL"]}
+    from scripts.stack import MLFLOW_SERVER_ENV
+
+    env = {**os.environ, "MLFLOW_S3_ENDPOINT_URL": os.environ["EVERGREEN_S3_ENDPOINT_URL"], **MLFLOW_SERVER_ENV}
     proc = subprocess.Popen([str(Path(sys.executable).with_name("mlflow")), "server", "--host", "127.0.0.1",
                              "--port", str(port), "--workers", "1",
                              "--backend-store-uri", f"sqlite:///{home / 'mlflow.db'}",
@@ -144,7 +146,7 @@ def mlflow_server(s3, tmp_path_factory):
     saved = os.environ.get("MLFLOW_TRACKING_URI")
     os.environ["MLFLOW_TRACKING_URI"] = uri
     try:
-        wait_for_http(f"{uri}/health", proc, Path(log.name), timeout=90)
+        wait_for_http(f"{uri}/health", proc, Path(log.name), timeout=180)  # a loaded 2-core machine: 35-120 s
         proc.log_path = Path(log.name)
         proc.uri = uri
         yield proc
