@@ -11,7 +11,8 @@ tasks of both toolsets (`python -m tasks eval --against`: paired bootstrap of th
 Every draw is appended to `<out>/draws.jsonl` as it finishes and skipped when the bench is run again, so
 an interrupted run resumes. With `--set grpo.validation_tasks=N` the challenger is GRPO's validated
 checkpoint choice (tasks/rl/selection.py); the last step's checkpoint is then evaluated too, so one run
-measures the choice against taking the last step on the same draws (`last_step` in the JSON line). Prints one JSON line: per metric (v2 and v1 difference, greedy and sampled)
+measures the choice against taking the last step on the same draws (`last_step` in the JSON line).
+Prints one JSON line: per metric (v2 and v1 difference, greedy and sampled)
 the mean and sd over draws, and how many draws clear issue 2's floor (v2 at least +25 pts with its 95 %
 interval above zero, at most 5 pts lost on v1, greedy and sampled).
 """

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import json
 import logging
+import statistics
+import time
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -67,20 +69,22 @@ class CheckpointChoice:
         self.settings, self.path = settings, Path(run_dir) / "validation.jsonl"
         self.tasks = validation_tasks(settings)
         self.target, self.guard = str(settings.env.target_toolset), str(settings.env.champion_toolset)
-        self.rows = [json.loads(line) for line in self.path.read_text().splitlines()] if self.path.exists() else []
+        lines = self.path.read_text().splitlines() if self.path.exists() else []
+        by_step = {row["step"]: row for row in map(json.loads, lines)}  # a step scored twice: its last row
+        self.rows = [by_step[step] for step in sorted(by_step)]
 
     def score(self, pool, step: int) -> dict:
         """Score the pool's current weights (policy `step`) on both toolsets; append the row."""
+        t0 = time.time()
         row: dict = {"step": step}
         for toolset, tasks in self.tasks.items():
             result = pool.score_attempts(tasks, 1, self.settings.rollout.temperature, self.settings.eval.seed)
-            row[toolset] = {"greedy": result.summary("greedy_success", resamples=100)["mean"],
-                            "sampled": result.summary("sampled_success", resamples=100)["mean"]}
+            row[toolset] = {k: statistics.fmean(result.column(f"{k}_success")) for k in ("greedy", "sampled")}
         self.rows = [r for r in self.rows if r["step"] != step] + [row]
         with open(self.path, "a") as f:
             f.write(json.dumps(row) + "\n")
-        log.info("validation at step %d: target v%s %.3f, guard v%s %.3f", step, self.target,
-                 validation_score(row, self.target), self.guard, validation_score(row, self.guard))
+        log.info("validation at step %d: target v%s %.3f, guard v%s %.3f (%.1fs)", step, self.target,
+                 validation_score(row, self.target), self.guard, validation_score(row, self.guard), time.time() - t0)
         return row
 
     def needs_champion(self) -> bool:
