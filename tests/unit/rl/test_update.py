@@ -10,7 +10,7 @@ import torch
 from tasks.config import load_settings
 from tasks.net import free_port
 from tasks.policy.model import build_model
-from tasks.rl.train import grpo_step
+from tasks.rl.update import grpo_step
 
 
 def _records(tok, n_groups=3, group=4):
