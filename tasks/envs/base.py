@@ -126,6 +126,7 @@ class Episode:
     answered: list[tuple[str, dict, str]] = field(default_factory=list)  # (name, arguments, result) of successes
     end_reason: str = ""
     completion_tokens: int = 0
+    turn_length: int = 0  # ids of the last assistant turn
 
     def __post_init__(self):
         # the environment's own keys (x-evergreen-*) stay out of the prompt
@@ -145,14 +146,19 @@ class Episode:
     def remaining_tokens(self) -> int:
         return min(self.max_tokens_per_turn, self.max_len - len(self.token_ids))
 
-    def add_message(self, message: dict) -> None:
-        """An expert's assistant turn (a demonstration), as the ids the template gives for it."""
+    def add_message(self, message: dict, trained: bool = True) -> None:
+        """An expert's assistant turn (a demonstration), as the ids the template gives for it. `trained=False`
+        keeps the turn out of the loss: a demonstrated slip the expert then recovers from (tasks.policy.sft)."""
+        start = len(self.loss_mask)
         self.add_completion(self.chat.turn_ids(self.messages, self.tools, message))
+        if not trained:
+            self.loss_mask[start:start + self.turn_length] = [0] * self.turn_length
 
     def add_completion(self, completion_ids: list[int], logprobs: list[float] | None = None) -> None:
         if self.done:
             raise RuntimeError(f"episode {self.task.task_id} is already done ({self.end_reason})")
         self.token_ids += list(completion_ids)
+        self.turn_length = len(completion_ids)
         self.loss_mask += [1] * len(completion_ids)
         self.logprobs += list(logprobs) if logprobs is not None else [0.0] * len(completion_ids)
         self.completion_tokens += len(completion_ids)

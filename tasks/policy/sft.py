@@ -4,7 +4,9 @@
 
 Demonstrations come from random-schema desk tasks (random tool and argument names, operand types and
 tool order), so the policy learns to read the tool listing in its prompt rather than memorise names;
-only the assistant's own tokens carry loss (prompts and tool results are masked out).
+only the assistant's own tokens carry loss (prompts and tool results are masked out). A share of the
+episodes (`bootstrap.recovery_share`) shows a refused call and the corrected one, so that the champion
+calls again after a tool error, as an agent must.
 """
 from __future__ import annotations
 
@@ -23,16 +25,26 @@ log = logging.getLogger(__name__)
 
 
 def demonstration_batch(env_name: str, chat, n: int, seed: int, max_len: int,
-                        toolset: dict | None = None, split: str = "train") -> list[tuple[list[int], list[int]]]:
+                        toolset: dict | None = None, split: str = "train",
+                        recovery: float = 0.0) -> list[tuple[list[int], list[int]]]:
     """(token ids, loss mask) of `n` expert episodes, built through the real episode loop; random tool
     schemas (the bootstrap's), or a toolset's tools. Training content only: demonstrations of eval
-    content would let the gate measure recall."""
+    content would let the gate measure recall.
+
+    With `recovery` > 0 that share of the episodes opens with a slip (`slip`): the service's error comes
+    back and the expert calls again, correctly. The slip is out of the loss; the recovery is in it."""
     env = get_env(env_name)
     rng = random.Random(seed)
+    slips = random.Random(seed + 7_919) if recovery else None  # own stream: recovery=0 leaves the batch as it was
     out = []
     for task in env.generate_tasks(n, seed, toolset, split=split):
         ep = new_episode(task, chat, max_len=max_len)
-        for message in env.demonstration(task, rng):
+        messages = env.demonstration(task, rng)
+        if slips is not None and slips.random() < recovery:
+            ep.add_message(slip(messages[0], slips), trained=False)
+            if not ep.messages[-1]["content"].startswith("error"):
+                raise AssertionError(f"the slip in {task.task_id} was not refused: {ep.messages[-2]}")
+        for message in messages:
             ep.add_message(message)
             if ep.done:
                 break
@@ -40,6 +52,27 @@ def demonstration_batch(env_name: str, chat, n: int, seed: int, max_len: int,
             raise AssertionError(f"demonstration for {task.task_id} failed: {ep.score()['reason']}")
         out.append((ep.token_ids, ep.loss_mask))
     return out
+
+
+def slip(call: dict, rng: random.Random) -> dict:
+    """The expert's call message with one character of the tool's name or of one argument's name changed:
+    the copy slip a small model makes (`convert_utits` for `convert_units`), which the service refuses
+    with an error that names what it offers. A champion that never saw a refused call followed by a
+    corrected one answers after the error instead of calling again, and then RL has no successful
+    episode to learn the new tool from (docs/experiments.md, 2026-12-06)."""
+    function = dict(call["tool_calls"][0]["function"])
+    arguments = dict(function["arguments"])
+    if arguments and rng.random() < 0.5:
+        wrong = rng.choice(list(arguments))
+        function["arguments"] = {(_typo(k, rng) if k == wrong else k): v for k, v in arguments.items()}
+    else:
+        function["name"] = _typo(function["name"], rng)
+    return {"role": "assistant", "content": "", "tool_calls": [{**call["tool_calls"][0], "function": function}]}
+
+
+def _typo(name: str, rng: random.Random) -> str:
+    i = rng.randrange(len(name))
+    return name[:i] + rng.choice([c for c in "abcdefghijklmnopqrstuvwxyz" if c != name[i]]) + name[i + 1:]
 
 
 def demonstration_loss(model, batch: list[tuple[list[int], list[int]]], pad_id: int) -> torch.Tensor:
@@ -102,7 +135,7 @@ def sft_train(model, chat, settings, progress=None) -> list[float]:
     losses, t0 = [], time.time()
     for step in range(b.steps):
         batch = demonstration_batch(settings.env.name, chat, b.batch_size, seed=b.seed * 1_000_003 + step,
-                                    max_len=settings.model.max_len)
+                                    max_len=settings.model.max_len, recovery=b.recovery_share)
         opt.zero_grad(set_to_none=True)
         loss = demonstration_backward(model, batch, chat.pad_id, b.micro_batches)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

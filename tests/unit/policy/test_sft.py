@@ -45,3 +45,20 @@ def test_lr_schedule_warms_up_holds_then_decays_to_a_tenth():
     tail = [lr_factor(s, total) for s in range(700, total)]
     assert all(a >= b for a, b in zip(tail, tail[1:]))  # then only down
     assert tail[-1] == pytest.approx(0.1, abs=1e-4)
+
+
+def test_recovery_demonstrations_show_a_refused_slip_then_the_trained_correction():
+    from tasks.policy.tokenizer import default_chat
+
+    chat = default_chat()
+    plain = demonstration_batch("desk", chat, 40, seed=3, max_len=512)
+    assert demonstration_batch("desk", chat, 40, seed=3, max_len=512, recovery=0.0) == plain  # 0: as before
+    mixed = demonstration_batch("desk", chat, 40, seed=3, max_len=512, recovery=0.5)
+    recovered = [(ids, mask, p) for (ids, mask), p in zip(mixed, plain) if ids != p[0]]
+    assert 10 <= len(recovered) <= 30  # about half
+    for ids, mask, (plain_ids, plain_mask) in recovered:
+        text = chat.decode(ids)
+        assert text.count("<tool_call>") == 2 and "<|tool|>error: " in text
+        trained = chat.decode([i for i, m in zip(ids, mask) if m])
+        # the slipped call is out of the loss: what is trained is what the plain demonstration trains
+        assert trained == chat.decode([i for i, m in zip(plain_ids, plain_mask) if m])
