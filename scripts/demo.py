@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import sys
 import time
 from datetime import datetime, timezone
@@ -61,6 +62,8 @@ def overhead(client, dag_id: str, run: dict, run_dir: Path) -> dict:
 
 def main() -> int:
     sys.stdout.reconfigure(line_buffering=True)  # progress lines appear as they happen, also in a log file
+    # a SIGTERM (a CI timeout, `kill`) unwinds like Ctrl-C does, so `with stack` stops every process it started
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     t_start = time.time()
     home = PROJECT / ".stack"
     if home.exists():

@@ -203,6 +203,8 @@ class Stack:
             "RAY_TRAIN_V2_ENABLED": "1",
             "PYTHONWARNINGS": "ignore::FutureWarning,ignore::DeprecationWarning",
             "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost",
+            # every process of this stack inherits it, including the ones that leave its process groups
+            "EVERGREEN_STACK": str(self.home),
         }
         env.update({k: str(v) for k, v in self.env_extra.items()})
         return env
@@ -298,7 +300,37 @@ class Stack:
                     pass
             (self.home / "pids" / f"{name}.pid").unlink(missing_ok=True)
         self.procs = {}
-        progress(f"stack stopped ({', '.join(pids) or 'nothing was running'})")
+        strays = self._end_strays()
+        progress(f"stack stopped ({', '.join(pids) or 'nothing was running'}"
+                 + (f"; ended {strays} processes that had left its process groups)" if strays else ")"))
+
+    def _end_strays(self, grace: float = 15) -> int:
+        """End what the stack started outside its services' process groups: the LocalExecutor's task
+        processes start their own sessions and outlive the scheduler (an interrupted demo once left a
+        bootstrap training for 79 minutes), and the Ray head a task starts is theirs. They all carry
+        EVERGREEN_STACK=<this home> in their environment."""
+        import psutil
+
+        mine = {os.getpid(), *(p.pid for p in psutil.Process().parents())}
+        strays = []
+        for proc in psutil.process_iter():
+            try:
+                if proc.pid not in mine and proc.environ().get("EVERGREEN_STACK") == str(self.home):
+                    strays.append(proc)
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                continue
+        for proc in strays:
+            try:
+                proc.terminate()
+            except psutil.NoSuchProcess:
+                pass
+        _, alive = psutil.wait_procs(strays, timeout=grace)
+        for proc in alive:
+            try:
+                proc.kill()
+            except psutil.NoSuchProcess:
+                pass
+        return len(strays)
 
     def __enter__(self) -> "Stack":
         try:
