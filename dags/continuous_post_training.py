@@ -7,7 +7,8 @@ tools on a Ray cluster made for this run, evaluates challenger against champion 
 prices the run, and moves the MLflow `champion` alias only when the gain clears the gate.
 
 **Runs** nightly at 02:00 UTC, on every `retrain_request` asset event (drift_monitor, `POST
-/api/v2/assets/events`, a file drop, or a queue message when configured), or when triggered (UI / REST).
+/api/v2/assets/events`, a file drop, a queue message or a breaking change of the watched tools when
+configured: operators/assets.py), or when triggered (UI / REST).
 `max_active_runs=1`: a second trigger queues behind the first, it is not lost.
 
 **Stages** (each task runs the function of `tasks/stages/` it is named after): open_run → signals
@@ -28,17 +29,17 @@ from datetime import datetime, timedelta
 
 from airflow.sdk import AssetOrTimeSchedule, CronTriggerTimetable, Param, TaskGroup
 
-from operators.assets import RETRAIN_REQUEST, retrain_file_drop, retrain_queue
+from operators.assets import RETRAIN_REQUEST, retrain_file_drop, retrain_queue, tool_change
 from operators.defaults import evergreen_dag, job_timeout
 from operators.ray_cluster import RayClusterOperator
 from operators.ray_job import RayJobOperator
 from operators.stages import StageBranchOperator, StageOperator
 from tasks.stages import evaluation, promotion, report, rollouts, signals, training
 
-_queue = retrain_queue()
 _assets = RETRAIN_REQUEST | retrain_file_drop()
-if _queue is not None:
-    _assets = _assets | _queue
+for _watched in (retrain_queue(), tool_change()):  # configured by environment variables (operators/assets.py)
+    if _watched is not None:
+        _assets = _assets | _watched
 
 
 def _toolset_kwargs(toolset: str) -> dict:

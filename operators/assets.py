@@ -8,6 +8,10 @@
   - a queue: EVERGREEN_RETRAIN_QUEUE_SCHEME=sqs|kafka plus EVERGREEN_RETRAIN_QUEUE_KWARGS (JSON, e.g.
             {"sqs_queue": "https://sqs.../retrain"}) adds a MessageQueueTrigger watcher (common.messaging;
             the scheme's provider, apache-airflow-providers-amazon or -apache-kafka, must be installed)
+  - the tools: EVERGREEN_TOOL_SOURCE=<mcp:URL or command | OpenAPI URL | file> adds a ToolChangeTrigger
+            watcher (triggers/tool_change.py) on `tool_change`: a breaking change of the served tools against
+            the champion's toolset (EVERGREEN_TOOL_BASELINE, default env.champion_toolset) starts a run;
+            EVERGREEN_TOOL_POLL_S (default 30) is how often a source without notifications is re-read
 Watchers only fire for unpaused consumers (a watcher on a paused DAG misses events).
 Evaluated at DAG parse time: cheap (environment variables and paths only).
 """
@@ -55,3 +59,15 @@ def retrain_queue() -> Asset | None:
     return Asset(name="retrain_queue", uri=f"evergreen://queue/{scheme}", group="evergreen",
                  watchers=[AssetWatcher(name=f"retrain_queue_{scheme}",
                                         trigger=MessageQueueTrigger(scheme=scheme, **kwargs))])
+
+
+def tool_change() -> Asset | None:
+    source = os.environ.get("EVERGREEN_TOOL_SOURCE")
+    if not source:
+        return None
+    from triggers.tool_change import ToolChangeTrigger
+
+    trigger = ToolChangeTrigger(source=source, baseline=os.environ.get("EVERGREEN_TOOL_BASELINE") or None,
+                                poll_interval=float(os.environ.get("EVERGREEN_TOOL_POLL_S", "30")))
+    return Asset(name="tool_change", uri="evergreen://signals/tool_change", group="evergreen",
+                 watchers=[AssetWatcher(name="tool_change", trigger=trigger)])

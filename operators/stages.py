@@ -44,11 +44,23 @@ def overrides_from_params(params: dict) -> dict[str, object]:
     return out
 
 
-def settings_for(params: dict | None):
-    """The run's settings: the file, EVERGREEN_* variables, then the run's params."""
+def settings_for(params: dict | None, trigger: dict | None = None):
+    """The run's settings: the file, EVERGREEN_* variables, then the run's params. A run started by a
+    breaking tool change (triggers/tool_change.py) trains for the watched tools unless a param names others."""
     from tasks.config import load_settings, nest
 
-    return load_settings(overrides=nest(overrides_from_params(dict(params or {}))))
+    overrides = overrides_from_params(dict(params or {}))
+    changed = tool_change_of(trigger or {})
+    if changed and "env.target_toolset" not in overrides:
+        overrides["env.target_toolset"] = changed["source"]
+    return load_settings(overrides=nest(overrides))
+
+
+def tool_change_of(trigger: dict) -> dict | None:
+    """The payload of the newest tool-change event among the run's asset events, if any."""
+    payloads = [(e.get("extra") or {}).get("payload") or {} for e in trigger.get("asset_events", [])]
+    changes = [p for p in payloads if p.get("kind") == "tool_change" and p.get("source")]
+    return changes[-1] if changes else None
 
 
 def trigger_of(context) -> dict:
@@ -91,9 +103,9 @@ class StageOperator(PythonOperator):
         super().__init__(python_callable=python_callable, task_id=task_id or python_callable.__name__, **kwargs)
 
     def execute(self, context) -> Any:
-        self._settings = settings_for(context["params"])
-        self._rd = run_dir_of(context, self._settings)
         self._trigger = trigger_of(context)
+        self._settings = settings_for(context["params"], self._trigger)
+        self._rd = run_dir_of(context, self._settings)
         log.info("stage %s.%s of %s (run dir %s)", self.python_callable.__module__, self.python_callable.__name__,
                  context["run_id"], self._rd.path)
         started = time.time()

@@ -64,13 +64,26 @@ class ModelSettings(_Section):
 
 
 class EnvSettings(_Section):
-    name: str = Field("desk", description="environment name (tasks.envs.ENVIRONMENTS)")
+    name: str = Field("desk", description="the environment (tasks/envs/__init__.py): a name registered under the "
+                      "entry-point group evergreen.environments (pyproject.toml), or package.module:factory")
     champion_toolset: str = Field("1", description="toolset (a version of the tool registry) the champion was "
                                   "trained for: a version (include/tools/registry_v<N>.json) or a JSON path")
     target_toolset: str = Field("2", description="toolset in production now, the one a run trains for: a version "
                                 "or a JSON path")
     max_turns: int = Field(4, ge=1, description="assistant turns before an episode ends without answer")
     max_tokens_per_turn: int = Field(96, ge=8, description="generation limit of one assistant turn")
+
+    @field_validator("name")
+    @classmethod
+    def _resolves(cls, name: str) -> str:
+        """An environment that cannot load fails here, at settings load, before any compute is spent."""
+        from tasks.envs import get_env
+
+        try:
+            get_env(name)
+        except (KeyError, ImportError, TypeError, ValueError, FileNotFoundError) as e:
+            raise ValueError(str(e).strip("'\"")) from None
+        return name
 
 
 class BootstrapSettings(_Section):

@@ -8,9 +8,9 @@ is closed when the episode ends. Sessions are async first (`acall`): thousands o
 at once over one pooled client; `call` is the same from synchronous code (the episode loop), run on the
 backend's own event loop thread.
 
-    backend = InProcessBackend(tools, service_factory)       # desk today: Python callables
-    with backend.open_session(task) as session:
-        result = session.call("calculate", {"x": "2", "y": "3", "operator": "+"})
+    session = InProcessSession(service, (ToolError,))        # Python callables (the embedded default's tools)
+    session = MCPBackend(...).open_session(task)             # or a backend's session (an MCP server, ...)
+    result = session.call("calculate", {"x": "2", "y": "3", "operator": "+"})
 
 The MCP backend (tasks/envs/mcp_backend.py) and the resources-server backend (tasks/envs/http_backend.py)
 implement the same protocol.
@@ -82,7 +82,7 @@ class LoopThread:
 
 class InProcessSession:
     """A session over a Python callable `service(name, arguments) -> str` that raises `refusal` types
-    for calls it refuses (desk's ToolError)."""
+    for calls it refuses (e.g. tasks.envs.base.ToolError)."""
 
     def __init__(self, service: Callable[[str, dict], str], refusal: tuple[type[BaseException], ...]):
         self.service, self.refusal = service, refusal

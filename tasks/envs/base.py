@@ -1,10 +1,11 @@
 """The environment interface (NeMo Gym-like): tasks, schema checks, episodes, verifier.
 
-A Task is a question, the tools offered (OpenAI function-tool schemas), the tool service that answers
-calls, and the verifier's data. An Episode is the multi-turn loop, kept as a state machine so that any
-generation backend can drive many episodes at once:
+A Task is a question, the tools offered (OpenAI function-tool schemas) and the environment's own data
+for it (what its tool backend and verifier need). An Episode is the multi-turn loop, kept as a state
+machine so that any generation backend can drive many episodes at once:
 
-    ep = Episode(task, chat, service)           # chat: the model's ChatFormat; service: the task's ToolService
+    ep = Episode(task, chat, session, verifier)  # chat: the model's ChatFormat; session: a tool backend's
+                                                 # (tasks.envs.backends); verifier: the environment's
     while not ep.done:
         ids = ep.prompt_ids()                    # everything so far + the template's generation prompt
         ep.add_completion(completion_ids, logprobs)   # parse -> check -> execute -> tool message
@@ -14,10 +15,11 @@ model's vLLM tool parser (tasks/policy/chat.py); a turn without a call attempt i
 Malformed output never raises: it earns a tool error message (so the model may retry), a lower
 format/validity score and a reason.
 
-Reward = 0.1 * format + 0.1 * call_validity + 0.8 * correct, each in [0, 1]. A call is valid when it
-fits its schema *and* the service answers it (a refusal or a tool failure is not). An answer is correct
-only when it matches the expected value *and* a grounding call returned it: a successful call whose
-arguments solve the task, as the tool service judges (`ToolService.solves`). A policy must not learn to
+The reward is the environment's (`Environment.verify`). `GroundedVerifier`, which desk uses, gives
+0.1 * format + 0.1 * call_validity + 0.8 * correct, each in [0, 1]. A call is valid when it fits its schema
+*and* the backend answers it (a refusal or a tool failure is not). An answer is correct only when it
+matches the expected value *and* a grounding call returned it: a successful call whose arguments solve
+the task, as the environment judges (`solves(name, arguments)`). A policy must not learn to
 answer from memory after a failed call (the table behind a tool changes in production; memory does not),
 nor to echo a guessed answer through a tool (x + 0, x * 1, a km -> km conversion, another city's
 matching value): those return the right value without solving anything.
@@ -25,9 +27,11 @@ matching value): those return the right value without solving anything.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
+from tasks.envs.backends import InProcessSession, ToolResult, ToolSession
 from tasks.policy.chat import ChatFormat, ParsedTurn
 
 log = logging.getLogger(__name__)
@@ -46,13 +50,15 @@ class Task:
     question: str
     tools: list[dict]
     expected: str
-    service: dict  # what answers the calls: {"name": env service, "version": ..., "bindings": {...}}
+    data: dict  # the environment's own: what its backend and verifier need (desk: bindings, strictness, solution)
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
 
     @classmethod
     def from_dict(cls, d: dict) -> "Task":
+        if "service" in d:  # written before the field's rename (stored rollouts and datasets)
+            d = {("data" if k == "service" else k): v for k, v in d.items()}
         return cls(**d)
 
 
@@ -61,15 +67,16 @@ class ToolError(Exception):
 
 
 class ToolService(Protocol):
-    """What answers an episode's schema-valid calls: a result string, or ToolError for a refusal.
-
-    `solves(name, arguments)` says whether a call's arguments are the task's own question (not merely a
-    call that returns the expected value); only the environment knows its tasks' solutions. A service
-    without `solves` grounds nothing, so its episodes never count as correct."""
+    """An in-process tool service: a result string, or ToolError for a refusal. Episodes reach it
+    through an InProcessSession (tasks.envs.backends); a bare service handed to Episode is wrapped so,
+    and its `solves`, if it has one, grounds the GroundedVerifier's answers."""
 
     def __call__(self, name: str, arguments: dict) -> str: ...
 
     def solves(self, name: str, arguments: dict) -> bool: ...
+
+
+Verifier = Callable[["Episode"], dict]  # an ended episode -> {"reward", "components", "reason", "success", ...}
 
 
 def check_arguments(tool: dict, arguments: dict) -> str | None:
@@ -107,7 +114,8 @@ class Episode:
 
     task: Task
     chat: ChatFormat
-    service: ToolService
+    session: ToolSession  # or a bare ToolService, wrapped in __post_init__
+    verifier: Verifier | None = None  # None: GroundedVerifier with the service's `solves`, if any
     max_turns: int = 4
     max_tokens_per_turn: int = 96
     max_len: int = 512
@@ -127,8 +135,15 @@ class Episode:
     end_reason: str = ""
     completion_tokens: int = 0
     turn_length: int = 0  # ids of the last assistant turn
+    faults: Counter = field(default_factory=Counter)  # tool errors by ToolResult.fault (refused, timeout, ...)
 
     def __post_init__(self):
+        if not hasattr(self.session, "acall"):  # a bare in-process service (tests, notebooks)
+            if self.verifier is None:
+                self.verifier = GroundedVerifier(getattr(self.session, "solves", None))
+            self.session = InProcessSession(self.session, (ToolError,))
+        if self.verifier is None:
+            self.verifier = GroundedVerifier(None)
         # the environment's own keys (x-evergreen-*) stay out of the prompt
         self.tools = [{"type": "function", "function": t["function"]} for t in self.task.tools]
         self.messages = [{"role": "user", "content": self.task.question}]
@@ -199,17 +214,14 @@ class Episode:
             if problem:
                 results.append((call, f"error: {problem}"))
                 continue
-            try:
-                results.append((call, str(self.service(call.name, call.arguments))))
-            except ToolError as e:
+            answer = self._call(call.name, call.arguments)
+            results.append((call, answer.text))
+            if answer.is_error:
                 self.n_tool_errors += 1
-                results.append((call, f"error: {e}"))
-            except Exception as e:  # a tool bug must not end the rollout batch
-                self.n_tool_errors += 1
-                results.append((call, f"error: tool failed ({type(e).__name__})"))
+                self.faults[answer.fault or "refused"] += 1
             else:
                 self.n_valid_calls += 1
-                self.answered.append((call.name, call.arguments, results[-1][1]))
+                self.answered.append((call.name, call.arguments, answer.text))
         self.n_well_formed_turns += well_formed
         if well_formed:
             ids = [f"call_{first_call + k}" for k in range(len(results))]
@@ -229,25 +241,44 @@ class Episode:
                       "generated; training keeps the generated ids", self.task.task_id, self.turns)
         self._append_ids(ids)
 
+    def _call(self, name: str, arguments: dict) -> ToolResult:
+        try:
+            return self.session.call(name, arguments)
+        except Exception as e:  # a backend bug must not end the rollout batch either
+            return ToolResult(f"error: tool failed ({type(e).__name__})", is_error=True, fault="tool_failed")
+
     def _finish(self, reason: str) -> None:
         self.done, self.end_reason = True, reason
-
-    def _grounds(self, name: str, arguments: dict, result: str) -> bool:
-        solves = getattr(self.service, "solves", None)
-        if solves is None or normalise_answer(result) != normalise_answer(self.task.expected):
-            return False
-        try:
-            return bool(solves(name, arguments))
-        except Exception:  # a service bug grounds nothing and must not end the rollout batch
-            return False
+        self.session.close()
 
     def score(self) -> dict[str, Any]:
-        """Reward in [0, 1] with its named components and a reason."""
-        matches = self.answer is not None and normalise_answer(self.answer) == normalise_answer(self.task.expected)
-        grounded = any(self._grounds(*call) for call in self.answered)
+        """Reward in [0, 1] with its named components and a reason: the environment's verifier's."""
+        return self.verifier(self)
+
+
+@dataclass(frozen=True)
+class GroundedVerifier:
+    """Reward = 0.1 format + 0.1 call validity + 0.8 correct, where correct needs a grounding call:
+    a successful call that returned the expected value and that `solves` the task (the environment
+    knows its tasks' solutions; without `solves` nothing grounds and no answer counts as correct)."""
+
+    solves: Callable[[str, dict], bool] | None
+
+    def _grounds(self, episode: "Episode", name: str, arguments: dict, result: str) -> bool:
+        if self.solves is None or normalise_answer(result) != normalise_answer(episode.task.expected):
+            return False
+        try:
+            return bool(self.solves(name, arguments))
+        except Exception:  # a verifier bug grounds nothing and must not end the rollout batch
+            return False
+
+    def __call__(self, episode: "Episode") -> dict[str, Any]:
+        ep = episode
+        matches = ep.answer is not None and normalise_answer(ep.answer) == normalise_answer(ep.task.expected)
+        grounded = any(self._grounds(ep, *call) for call in ep.answered)
         correct = float(matches and grounded)
-        fmt = self.n_well_formed_turns / self.turns if self.turns else 0.0
-        validity = self.n_valid_calls / self.n_calls if self.n_calls else 0.0
+        fmt = ep.n_well_formed_turns / ep.turns if ep.turns else 0.0
+        validity = ep.n_valid_calls / ep.n_calls if ep.n_calls else 0.0
         components = {"format": fmt, "call_validity": validity, "correct": correct}
         reward = sum(REWARD_WEIGHTS[k] * v for k, v in components.items())
         if correct:
@@ -255,9 +286,9 @@ class Episode:
         elif matches:
             reason = ("right value, but no successful call that solves the task returned it "
                       "(answered from memory, or echoed through a tool)")
-        elif self.answer is None:
-            reason = self.end_reason
+        elif ep.answer is None:
+            reason = ep.end_reason
         else:
-            reason = f"answer {self.answer.strip()[:40]!r} != expected {self.task.expected!r}"
+            reason = f"answer {ep.answer.strip()[:40]!r} != expected {ep.task.expected!r}"
         return {"reward": round(reward, 6), "components": components, "reason": reason, "success": bool(correct),
-                "turns": self.turns, "tool_calls": self.n_calls, "tool_errors": self.n_tool_errors}
+                "turns": ep.turns, "tool_calls": ep.n_calls, "tool_errors": ep.n_tool_errors}

@@ -21,7 +21,8 @@ import random
 from functools import lru_cache
 from pathlib import Path
 
-from tasks.envs.base import Task, ToolError
+from tasks.envs.backends import InProcessSession
+from tasks.envs.base import GroundedVerifier, Task, ToolError
 from tasks.envs.toolset import load_toolset
 
 FAMILIES = ("calc", "convert", "lookup")
@@ -180,8 +181,25 @@ class DeskService:
 
 
 def make_service(task: Task) -> DeskService:
-    return DeskService(task.service["bindings"], strict=task.service["strict"], family=task.family,
-                       solution=task.service.get("solution"))
+    return DeskService(task.data["bindings"], strict=task.data["strict"], family=task.family,
+                       solution=task.data.get("solution"))
+
+
+def open_session(task: Task) -> InProcessSession:
+    """desk's tools run in process (include/tools/ also serves them over MCP and HTTP)."""
+    return InProcessSession(make_service(task), (ToolError,))
+
+
+def verify(episode) -> dict:
+    """The grounded reward (tasks.envs.base.GroundedVerifier) with desk's judgement of a solving call."""
+    return GroundedVerifier(make_service(episode.task).solves)(episode)
+
+
+def environment():
+    """The entry point (pyproject.toml, group evergreen.environments): desk as an Environment."""
+    from tasks.envs import Environment
+
+    return Environment("desk", generate_tasks, open_session, verify, demonstration, TOOLSET_DIR)
 
 
 # ---------------------------------------------------------------- splits
@@ -205,7 +223,7 @@ def split_of(family: str, values: list) -> str:
 
 
 def task_content(task: Task) -> tuple:
-    return content_key(task.family, task.service["solution"])
+    return content_key(task.family, task.data["solution"])
 
 
 # ---------------------------------------------------------------- task generation
@@ -298,7 +316,7 @@ def generate_tasks(n: int, seed: int, toolset: dict | None = None, families: tup
             task_id=f"desk-r{version}-s{seed}-{i}" if split is None else f"desk-r{version}-{split}-s{seed}-{i}",
             env="desk", family=family, question=question, tools=tools,
             expected=sol["expected"],
-            service={"strict": strict, "bindings": _tool_bindings(tools), "solution": sol["values"]},
+            data={"strict": strict, "bindings": _tool_bindings(tools), "solution": sol["values"]},
         ))
     return out
 
@@ -312,7 +330,7 @@ def demonstration(task: Task, rng: random.Random) -> list[dict]:
     """
     tool = next(t for t in task.tools if t["x-evergreen-handler"] == task.family)
     props = tool["function"]["parameters"]["properties"]
-    values = list(task.service["solution"])
+    values = list(task.data["solution"])
     if task.family == "calc":
         values[2] = rng.choice([values[2], OPS[values[2]][0]])
     elif task.family == "convert":
@@ -323,7 +341,7 @@ def demonstration(task: Task, rng: random.Random) -> list[dict]:
     for (name, spec), v in zip(props.items(), values):
         args[name] = str(v) if spec["type"] == "string" else v
     name = tool["function"]["name"]
-    result = DeskService(task.service["bindings"], strict=False)(name, args)
+    result = DeskService(task.data["bindings"], strict=False)(name, args)
     call = {"role": "assistant", "content": "", "tool_calls": [
         {"id": "call_1", "type": "function", "function": {"name": name, "arguments": args}}]}
     return [call, {"role": "assistant", "content": result}]

@@ -4,13 +4,15 @@
     load_toolset("2")                              # a shipped version ("1", "2", "v2") of an environment
     load_toolset("s3://bucket/registry.yaml")      # or a dict, a bare list of tools, a local JSON/YAML file,
                                                    # an http(s):// URL, an OpenAPI 3 document
+    load_toolset("mcp:http://127.0.0.1:8765/mcp")  # what an MCP server lists (tools/list), over HTTP
+    load_toolset("mcp:python server.py")           # or over stdio (the command is started and stopped)
     toolset_of_model("models/champion")            # <model_dir>/tool_registry.json: what it was trained on
 
 Every caller reads toolsets through `load_toolset`: task generation (Environment.load_toolset), training,
 the stages, the model-version tag (tasks.promotion.step) and the drift monitor, so that the hash tagged
 on a model version and the monitor's hash of the same toolset cannot disagree. What is environment-
 specific is data the loader consults: where an environment's shipped versions live
-(`Environment.toolset_dir`, e.g. include/tools/ for desk).
+(`Environment.toolset_dir`, e.g. include/tools/ for the embedded default).
 
 Validation: the top level is a `{version, tools}` mapping (or an OpenAPI 3.x document, converted by
 tasks.envs.openapi), every tool has a function name, names are unique, `parameters` is an object. A
@@ -30,18 +32,22 @@ from tasks import storage
 
 TOOLSET_FILENAME = "tool_registry.json"  # beside a model's weights: the toolset it was trained on (name kept)
 SHIPPED_FILENAME = "registry_v{version}.json"  # a shipped version in an environment's toolset_dir (name kept)
+MCP_PREFIX = "mcp:"  # a toolset listed by an MCP server: mcp:<URL> or mcp:<command line>
 TOOLSET_SHAPE = "expected {version, tools:[...]} or an OpenAPI document"
 
 
-def load_toolset(source: str | Path | dict | list, env: str = "desk") -> dict:
+def load_toolset(source: str | Path | dict | list, env: str | None = None) -> dict:
     """A validated toolset `{"version", "tools": [...]}` from a dict, a bare list of tools, a local
     JSON/YAML file, an s3:// object, an http(s):// URL (e.g. the tool service's /openapi.json), an OpenAPI
-    3.x document, or a shipped version ("1", "2", "v2") of the environment `env`."""
+    3.x document, an MCP server (`mcp:<URL or command>`), or a shipped version ("1", "2", "v2") of the
+    environment `env` (None: the default environment, EnvSettings.name's default)."""
     if isinstance(source, list):  # e.g. the `tools` offered in a production trace
         return _as_toolset({"version": None, "tools": source}, "(list of tools)")
     if isinstance(source, dict):
         return _as_toolset(source, "(in-memory document)")
     label = str(source)
+    if label.startswith(MCP_PREFIX):
+        return _as_toolset(mcp_toolset(label), label)
     if storage.is_s3(label) or storage.is_http(label) or Path(label).is_file():
         return _as_toolset(_parse(storage.read_bytes(label), label), label)
     if Path(label).is_dir():
@@ -58,11 +64,34 @@ def load_toolset(source: str | Path | dict | list, env: str = "desk") -> dict:
                             f"an OpenAPI document or a shipped version (1, 2)")
 
 
-def shipped_toolset_path(version: str, env: str = "desk") -> Path:
-    """Where the environment `env` ships toolset `version`."""
-    from tasks.envs import get_env  # lazy: tasks.envs imports the environments, which import this module
+def mcp_toolset(source: str) -> dict:
+    """`{version, tools}` as an MCP server lists them: `mcp:http://host:port/mcp` (streamable HTTP) or
+    `mcp:<command line>` (stdio: the server is started, asked, and stopped)."""
+    import shlex
 
-    return get_env(env).toolset_dir / SHIPPED_FILENAME.format(version=version)
+    from tasks.envs.mcp_backend import MCPBackend
+
+    target = source[len(MCP_PREFIX):].strip()
+    if not target:
+        raise ValueError(f"{source!r}: give a URL (mcp:http://127.0.0.1:8765/mcp) or a command after 'mcp:'")
+    server = target if target.startswith(("http://", "https://")) else shlex.split(target)
+    try:
+        with MCPBackend(server) as backend:
+            return backend.toolset()
+    except ConnectionError as e:
+        raise ConnectionError(f"MCP server {target}: cannot list its tools ({e})") from None
+
+
+def shipped_toolset_path(version: str, env: str | None = None) -> Path:
+    """Where the environment `env` (None: the default one) ships toolset `version`."""
+    from tasks.config_sections import EnvSettings
+    from tasks.envs import get_env  # lazy: tasks.envs imports this module
+
+    environment = get_env(env or EnvSettings.model_fields["name"].default)
+    if environment.toolset_dir is None:
+        raise FileNotFoundError(f"environment {environment.name!r} ships no toolset versions: pass a toolset "
+                                f"file, URL or document instead of {version!r}")
+    return environment.toolset_dir / SHIPPED_FILENAME.format(version=version)
 
 
 def toolset_of_model(model_dir: str | Path) -> dict:

@@ -24,9 +24,10 @@ ADAPTER_DIR = "adapter"  # a LoRA-trained model keeps the adapter it was merged 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def build_model(model_settings, chat: ChatFormat | None = None, env_name: str = "desk") -> tuple:
+def build_model(model_settings, chat: ChatFormat | None = None, env_name: str | None = None) -> tuple:
     """(the tiny Llama of the embedded default with random weights, its ChatFormat); the tokenizer is
-    `model.tokenizer`'s, a BPE learning its merges from `env_name`'s demonstrations."""
+    `model.tokenizer`'s, a BPE learning its merges from `env_name`'s demonstrations (None: the default
+    environment's)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from tasks.policy.tokenizer import default_tokenizer

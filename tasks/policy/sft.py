@@ -2,8 +2,9 @@
 
     python -m tasks bootstrap --out runs/local/champion
 
-Demonstrations come from random-schema desk tasks (random tool and argument names, operand types and
-tool order), so the policy learns to read the tool listing in its prompt rather than memorise names;
+Demonstrations are the environment's expert episodes on tasks without a toolset (the embedded
+default's have random tool and argument names, operand types and tool order), so the policy learns to
+read the tool listing in its prompt rather than memorise names;
 only the assistant's own tokens carry loss (prompts and tool results are masked out). A share of the
 episodes (`bootstrap.recovery_share`) shows a refused call and the corrected one, so that the champion
 calls again after a tool error, as an agent must.
@@ -34,6 +35,9 @@ def demonstration_batch(env_name: str, chat, n: int, seed: int, max_len: int,
     With `recovery` > 0 that share of the episodes opens with a slip (`slip`): the service's error comes
     back and the expert calls again, correctly. The slip is out of the loss; the recovery is in it."""
     env = get_env(env_name)
+    if env.demonstration is None:
+        raise ValueError(f"environment {env.name!r} has no demonstrations to learn from: set bootstrap.steps=0 and "
+                         f"model.name_or_path to a model that already calls tools (or grpo.demo_coef=0)")
     rng = random.Random(seed)
     slips = random.Random(seed + 7_919) if recovery else None  # own stream: recovery=0 leaves the batch as it was
     out = []

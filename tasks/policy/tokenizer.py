@@ -74,7 +74,7 @@ def bpe_tokenizer(texts: Iterable[str], vocab_size: int, template: str | None = 
     return _wrap(backend, template)
 
 
-def environment_text(env_name: str, n: int = 600, seed: int = 7) -> list[str]:
+def environment_text(env_name: str | None, n: int = 600, seed: int = 7) -> list[str]:
     """Training-split demonstrations of an environment, played through the episode loop on the character
     tokenizer and decoded: what a BPE for the embedded default learns its merges from (the text its
     sequences will be made of)."""
@@ -82,7 +82,12 @@ def environment_text(env_name: str, n: int = 600, seed: int = 7) -> list[str]:
 
     from tasks.envs import get_env, new_episode
 
-    env, chat = get_env(env_name), default_chat()
+    from tasks.config_sections import EnvSettings
+
+    env, chat = get_env(env_name or EnvSettings.model_fields["name"].default), default_chat()
+    if env.demonstration is None:
+        raise ValueError(f"model.tokenizer=bpe learns from demonstrations; environment {env.name!r} has none: "
+                         f"use model.tokenizer=char or a model with its own tokenizer (model.name_or_path)")
     rng = random.Random(seed)
     texts = []
     for task in env.generate_tasks(n, seed, split="train"):
@@ -93,7 +98,7 @@ def environment_text(env_name: str, n: int = 600, seed: int = 7) -> list[str]:
     return texts
 
 
-def default_tokenizer(model_settings, env_name: str):
+def default_tokenizer(model_settings, env_name: str | None = None):
     """The embedded default's tokenizer as `model.tokenizer` chooses it."""
     if model_settings.tokenizer == "bpe":
         return bpe_tokenizer(environment_text(env_name), model_settings.bpe_vocab_size)

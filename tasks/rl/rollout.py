@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections import Counter
 from pathlib import Path
 
 import ray
@@ -111,8 +112,9 @@ class RolloutWorker:
         records = [episode_record(ep, it["task_index"], it["rollout_index"], shard["policy_version"])
                    for ep, it in zip(episodes, items)]
         path = write_shard(shard["path"], records)
+        faults = Counter(fault for ep in episodes for fault in ep.faults)  # episodes that saw each tool fault
         return {"path": str(path), "episodes": len(records), "generated_tokens": stats["generated_tokens"],
-                "seconds": time.time() - t0, "pid": os.getpid()}
+                "seconds": time.time() - t0, "pid": os.getpid(), "faults": dict(faults)}
 
 
     def score_attempts(self, task_dicts: list[dict], samples: int, temperature: float, seed: int, first_index: int) -> list[dict]:
@@ -161,6 +163,7 @@ class RolloutPool:
     def __init__(self, model_dir: str | Path, settings, actors: list | None = None, first_core: int = 0):
         # first_core: pools started side by side (one per probe shard) pin their engines to different cores
         self.model_dir, self.settings, self.first_core = str(model_dir), settings, first_core
+        self.last_faults: dict = {}  # tool faults of the last batch, by kind (episodes that saw one)
         r = settings.rollout
         self.actors = actors or start_rollout_actors(self.model_dir, settings, first_core)
         self.policy_version = 0
@@ -254,7 +257,7 @@ class RolloutPool:
         if stale := clear_stale_shards(step_dir, {Path(sh["path"]).name for sh in shards}):
             log.warning("rollouts v%d: removed %d shards of an earlier run with another worker count (%s)",
                         self.policy_version, len(stale), ", ".join(p.name for p in stale))
-        pending, running, t0, tokens = list(shards), {}, time.time(), 0
+        pending, running, t0, tokens, faults = list(shards), {}, time.time(), 0, Counter()
         idle = list(range(len(self.actors)))
         while pending or running:
             while pending and idle:
@@ -267,6 +270,7 @@ class RolloutPool:
             try:
                 summary = ray.get(ref)
                 tokens += summary["generated_tokens"]
+                faults.update(summary.get("faults", {}))
                 idle.append(w)
             except ray.exceptions.RayActorError:
                 shard["attempt"] += 1
@@ -280,6 +284,9 @@ class RolloutPool:
         secs = time.time() - t0
         log.info("rollouts v%d: %d episodes, %d tokens in %.1fs (%.0f tok/s), success %.3f", self.policy_version,
                  len(records), tokens, secs, tokens / max(secs, 1e-9), sum(r["success"] for r in records) / len(records))
+        if faults:  # what the tool backend did to the batch (a rerun shard's episodes count again)
+            log.warning("rollouts v%d: tool faults (episodes): %s", self.policy_version, dict(faults))
+        self.last_faults = dict(faults)
         return records
 
     def score_attempts(self, tasks: list[Task], samples: int, temperature: float, seed: int):

@@ -12,7 +12,7 @@ and a share `malformed_share` of the lines is replaced by one of MALFORMED_KINDS
 DIR/manifest.json with the expected number of each, so that tests can reconcile ingestion exactly.
 
 The scripted policy is the champion's habits without the model: it calls the offered tool with
-arguments in any of the formats the lenient v1 service accepted (desk.demonstration), and answers with
+arguments in any of the formats the lenient v1 service accepted (the environment's demonstration), and answers with
 the tool's result, or gives up after an error. Against the strict v2 service its success drops.
 """
 from __future__ import annotations
@@ -26,7 +26,8 @@ from collections import Counter
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from tasks.envs import desk, get_env, new_episode
+from tasks.config_sections import EnvSettings
+from tasks.envs import get_env, new_episode
 from tasks.envs.base import Episode
 from tasks.policy.chat import ChatFormat
 from tasks.policy.tokenizer import default_chat
@@ -72,7 +73,7 @@ def episode_to_trace(ep: Episode, trace_id: str, when: datetime, model_version: 
         "outcome": {"success": score["success"], "reward": score["reward"], "tool_errors": tool_errors,
                     "latency_ms": round(40 + 2.5 * ep.completion_tokens + rng.expovariate(1 / 30), 1),
                     "prompt_tokens": prompt_tokens, "completion_tokens": ep.completion_tokens},
-        "registry_version": ep.task.service.get("registry_version"),  # the toolset; key kept (trace data)
+        "registry_version": ep.task.data.get("registry_version"),  # the toolset; key kept (trace data)
     }
 
 
@@ -80,7 +81,7 @@ def _run_scripted(episodes: list[Episode], seed: int) -> None:
     """Turn 1: the demonstration's call (any v1-accepted format). Turn 2: the result, or give up."""
     for i, ep in enumerate(episodes):
         rng = random.Random(seed * 1_000_003 + i)
-        call, _ = desk.demonstration(ep.task, rng)
+        call, _ = get_env(ep.task.env).demonstration(ep.task, rng)
         ep.add_message(call)
         if ep.done:
             continue
@@ -142,10 +143,10 @@ def simulate_traces(out_dir: str | Path, start: datetime, end: datetime, n_trace
     episodes: list[Episode] = [None] * n_traces  # type: ignore[list-item]
     for version in sorted(set(versions)):
         idx = [i for i, v in enumerate(versions) if v == version]
-        env = get_env("desk")
+        env = get_env(settings.env.name if settings is not None else EnvSettings.model_fields["name"].default)
         tasks = env.generate_tasks(len(idx), seed * 7919 + int(version), env.load_toolset(version))
         for i, task in zip(idx, tasks):
-            task.service["registry_version"] = version
+            task.data["registry_version"] = version
             episodes[i] = new_episode(task, chat, **limits)
     log.info("simulating %d traces %s .. %s with policy %s", n_traces, start.isoformat(), end.isoformat(), policy)
     if policy == "scripted":

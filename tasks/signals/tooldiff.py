@@ -94,7 +94,7 @@ def _plural(n: int, noun: str) -> str:
     return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
-def diff_toolsets(old: dict | list | str | Path, new: dict | list | str | Path, env: str = "desk") -> ToolDiff:
+def diff_toolsets(old: dict | list | str | Path, new: dict | list | str | Path, env: str | None = None) -> ToolDiff:
     """Every schema change from `old` (what the model was trained on) to `new`; see the module docstring.
     A version string is one of `env`'s shipped toolsets."""
     old_tools, new_tools = normalised_tools(old, env), normalised_tools(new, env)

@@ -63,7 +63,7 @@ def schema_types(schema: dict) -> tuple[str, ...]:
     return tuple(sorted(set(t))) if isinstance(t, list) else (t,)
 
 
-def schema_hash(toolset: dict | list | str | Path, env: str = "desk") -> str:
+def schema_hash(toolset: dict | list | str | Path, env: str | None = None) -> str:
     """"sha256:<hex>" of the canonical JSON of the normalised tools, sorted by name. The toolset's
     `version` label is not part of it: two toolsets with the same schemas hash the same. A version string
     is one of `env`'s shipped toolsets."""
@@ -80,7 +80,7 @@ def canonical_json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
-def normalised_tools(toolset: Any, env: str = "desk") -> dict[str, dict]:
+def normalised_tools(toolset: Any, env: str | None = None) -> dict[str, dict]:
     """name -> normalised tool, in toolset order (validated: names present and unique)."""
     loaded = load_toolset(toolset, env)
     return {t["name"]: t for t in map(normalise_tool, loaded["tools"])}

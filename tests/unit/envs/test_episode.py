@@ -43,7 +43,7 @@ def test_the_fixture_tasks_are_what_the_tests_assume():
     assert [(t.family, t.expected) for t in V1[:3]] == [("calc", "432"), ("convert", "55000"), ("lookup", "1463723")]
     assert [t.expected for t in V2] == [t.expected for t in V1]
     assert V1[5].expected == "23" and "Oslo" in V1[5].question
-    assert not V1[0].service["strict"] and V2[0].service["strict"]
+    assert not V1[0].data["strict"] and V2[0].data["strict"]
 
 
 # ---------------------------------------------------------------- successful episodes
@@ -354,7 +354,7 @@ def test_toolsets_load():
     assert [t["function"]["name"] for t in load_toolset("2")["tools"]] == ["calculate", "convert_units", "city_facts"]
     with pytest.raises(FileNotFoundError, match="registry_v9.json"):
         load_toolset("9")
-    with pytest.raises(KeyError, match="unknown environment"):
+    with pytest.raises(KeyError, match="no environment of that name"):
         get_env("gym")
 
 
@@ -374,7 +374,7 @@ def test_generate_tasks_families_cycle_and_ids():
     tasks = generate_tasks(6, seed=0)
     assert [t.family for t in tasks] == ["calc", "convert", "lookup"] * 2
     assert [t.task_id for t in tasks[:2]] == ["desk-rrandom-s0-0", "desk-rrandom-s0-1"]
-    assert all(not t.service["strict"] for t in tasks)
+    assert all(not t.data["strict"] for t in tasks)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

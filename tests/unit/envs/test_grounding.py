@@ -30,10 +30,10 @@ def play(task, *texts, service=None):
 
 
 def test_the_fixture_tasks_are_what_the_tests_assume():
-    assert [(t.expected, t.service["solution"]) for t in (V1[0], V1[1], V1[3], V1[5], V1[6])] == [
+    assert [(t.expected, t.data["solution"]) for t in (V1[0], V1[1], V1[3], V1[5], V1[6])] == [
         ("432", [18, 24, "mul"]), ("55000", [55, "km", "m"]), ("111", [49, 62, "add"]),
         ("23", ["oslo", "elevation"]), ("12", [37, 25, "sub"])]
-    assert V2[0].service["solution"] == V1[0].service["solution"] and V2[5].expected == "23"
+    assert V2[0].data["solution"] == V1[0].data["solution"] and V2[5].expected == "23"
 
 
 @pytest.mark.parametrize("task, echo", [

@@ -93,7 +93,7 @@ def test_commutative_operands_are_one_content():
 def test_a_split_draws_only_its_content_deterministically_with_every_family(split):
     for toolset in (None, load_toolset("1"), load_toolset("2")):
         tasks = generate_tasks(60, 11, toolset, split=split)
-        assert {split_of(t.family, t.service["solution"]) for t in tasks} == {split}
+        assert {split_of(t.family, t.data["solution"]) for t in tasks} == {split}
         assert Counter(t.family for t in tasks) == {f: 20 for f in FAMILIES}
         assert [t.to_dict() for t in tasks] == [t.to_dict() for t in generate_tasks(60, 11, toolset, split=split)]
         assert all(f"-{split}-s11-" in t.task_id for t in tasks)
@@ -104,7 +104,7 @@ def test_a_split_draws_only_its_content_deterministically_with_every_family(spli
 def test_no_split_keeps_the_unsplit_draw():
     tasks = generate_tasks(30, 5, load_toolset("1"))
     assert [t.task_id for t in tasks][:2] == ["desk-r1-s5-0", "desk-r1-s5-1"]
-    assert {split_of(t.family, t.service["solution"]) for t in tasks} == {"train", "dev", "eval"}
+    assert {split_of(t.family, t.data["solution"]) for t in tasks} == {"train", "dev", "eval"}
 
 
 def test_eval_tasks_share_no_content_with_training(train, tmp_path):
@@ -138,11 +138,11 @@ def test_bootstrap_demonstrations_draw_training_content(monkeypatch):
     monkeypatch.setattr(sft, "get_env", lambda name: dataclasses.replace(get_env(name), generate_tasks=recording))
     sft.demonstration_batch("desk", default_chat(), 12, seed=3, max_len=512)
     sft.demonstration_batch("desk", default_chat(), 12, seed=4, max_len=512, toolset=load_toolset("1"))
-    assert len(drawn) == 24 and {split_of(t.family, t.service["solution"]) for t in drawn} == {"train"}
+    assert len(drawn) == 24 and {split_of(t.family, t.data["solution"]) for t in drawn} == {"train"}
 
 
 def test_grpo_training_tasks_draw_training_content():
     from tasks.rl.train import training_tasks
 
     tasks = [t for step in range(5) for t in training_tasks(SETTINGS, step)]
-    assert {split_of(t.family, t.service["solution"]) for t in tasks} == {"train"}
+    assert {split_of(t.family, t.data["solution"]) for t in tasks} == {"train"}

@@ -360,5 +360,5 @@ def test_every_caller_reads_shipped_toolsets_through_the_one_loader():
     assert shipped_toolset_path("2") == env.toolset_dir / "registry_v2.json" == TOOLSET_DIR / "registry_v2.json"
     assert env.load_toolset("v2") == load_toolset("2") == json.loads((TOOLSET_DIR / "registry_v2.json").read_text())
     assert toolset_tasks("2", 3, 0)[0].tools[0]["function"]["name"] == "calculate"
-    with pytest.raises(KeyError, match="unknown environment"):
+    with pytest.raises(KeyError, match="no environment of that name"):
         load_toolset("2", env="gym")

@@ -19,6 +19,14 @@ def test_should_train_on_drift_force_or_event_with_data_only():
     assert not should_train({**moved, "no_champion": True, "summary": "no champion"}, {}, force=True)[0]
 
 
+def test_a_breaking_tool_change_event_trains_even_without_new_data_and_says_why():
+    empty = {"retrain": False, "summary": "no data", "rows": {"current": 0}}
+    event = {"asset_events": [{"extra": {"from_trigger": True, "payload": {
+        "kind": "tool_change", "summary": "tool change: tool renamed a -> b", "source": "mcp:http://h/mcp"}}}]}
+    train, reason = should_train(empty, event)
+    assert train and reason == "tool change: tool renamed a -> b (watched at mcp:http://h/mcp)"
+
+
 def test_retrain_request_extra_is_small_and_keeps_the_reasons():
     verdict = {"retrain": True, "window": "a/b", "summary": "x" * 2000, "reasons": ["r" * 1000] * 30,
                "registry_hash": "abc", "rows": {"current": 3}, "tool_change_breaking": True, "drifted": False}
