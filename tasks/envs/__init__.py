@@ -42,6 +42,9 @@ class Environment:
     demonstration(task, rng) -> list of assistant messages (a call, then the answer), or None when the
         environment has no expert: the bootstrap then needs a model that already calls tools.
     toolset_dir: where its shipped toolset versions live (registry_v{N}.json), or None.
+    task_from_trace(trace, toolset) -> Task | None: a production trace (include/schemas/trace.schema.json)
+        as a task of this environment that its verifier can score, on `toolset`; None where it cannot
+        verify one (tasks from production: tasks/signals/production_tasks.py).
     """
 
     name: str
@@ -50,6 +53,7 @@ class Environment:
     verify: Verifier
     demonstration: Callable | None = None
     toolset_dir: Path | None = None
+    task_from_trace: Callable[[dict, dict], Task | None] | None = None
 
     def load_toolset(self, source) -> dict:
         """tasks.envs.toolset.load_toolset with this environment's shipped versions."""
