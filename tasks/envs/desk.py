@@ -199,7 +199,8 @@ def environment():
     """The entry point (pyproject.toml, group evergreen.environments): desk as an Environment."""
     from tasks.envs import Environment
 
-    return Environment("desk", generate_tasks, open_session, verify, demonstration, TOOLSET_DIR)
+    return Environment("desk", generate_tasks, open_session, verify, demonstration, TOOLSET_DIR,
+                       task_from_trace=task_from_trace)
 
 
 # ---------------------------------------------------------------- splits
@@ -319,6 +320,38 @@ def generate_tasks(n: int, seed: int, toolset: dict | None = None, families: tup
             data={"strict": strict, "bindings": _tool_bindings(tools), "solution": sol["values"]},
         ))
     return out
+
+
+def task_from_trace(trace: dict, toolset: dict) -> Task | None:
+    """A production trace's question as a desk task on `toolset`'s tools (routed to the family's tool, as
+    generate_tasks offers them), or None where desk cannot verify it: a first user message that is no desk
+    question (tasks.envs.desk_traces.parse_question), or a toolset without the family's tool.
+
+    The solution and the expected answer are recomputed from the question by DeskService's handlers: the
+    trace's own answer may be wrong (it came from the policy being improved). data["content"] is
+    content_key, which tasks.signals.production_tasks deduplicates and splits by.
+    """
+    from tasks.envs.desk_traces import first_user_text, parse_question  # it imports this module's tables
+
+    question, trace_id = first_user_text(trace), trace.get("trace_id")
+    parsed = parse_question(question) if question and trace_id else None
+    if parsed is None:
+        return None
+    family, values = parsed
+    tools = [t for t in toolset["tools"] if t.get("x-evergreen-handler") == family]
+    if not tools:
+        return None
+    try:
+        expected = getattr(DeskService, "_" + family)(*values)
+    except ToolError:  # e.g. a conversion out of float range
+        return None
+    version = str(toolset.get("version"))
+    # a version that is no number (a served or hand-made toolset) is newer than the lenient v1: strict
+    strict = not version.isdigit() or int(version) >= STRICT_FROM_VERSION
+    return Task(task_id=f"desk-prod-{trace_id}", env="desk", family=family, question=question.strip(),
+                tools=tools, expected=expected,
+                data={"strict": strict, "bindings": _tool_bindings(tools), "solution": values,
+                      "content": list(content_key(family, values)), "trace_id": trace_id})
 
 
 def demonstration(task: Task, rng: random.Random) -> list[dict]:

@@ -87,11 +87,11 @@ def decide_training(verdict: dict, trigger: dict, force: bool = False) -> tuple[
         return False, verdict["summary"]
     if force:
         return True, "forced by the `force` param"
-    if verdict.get("retrain"):
-        return True, "production moved: " + verdict.get("summary", "")
     payloads = [(e.get("extra") or {}).get("payload") or {} for e in trigger.get("asset_events", [])]
     if changed := [p for p in payloads if p.get("kind") == "tool_change"]:  # triggers/tool_change.py
         return True, f"{changed[-1].get('summary', 'tool change')} (watched at {changed[-1].get('source')})"
+    if verdict.get("retrain"):
+        return True, "production moved: " + verdict.get("summary", "")
     asked = [e for e in trigger.get("asset_events", []) if (e.get("extra") or {}).get("retrain", True)]
     rows = (verdict.get("rows") or {}).get("current") or 0
     if asked and rows:
