@@ -351,7 +351,8 @@ def task_from_trace(trace: dict, toolset: dict) -> Task | None:
     return Task(task_id=f"desk-prod-{trace_id}", env="desk", family=family, question=question.strip(),
                 tools=tools, expected=expected,
                 data={"strict": strict, "bindings": _tool_bindings(tools), "solution": values,
-                      "content": list(content_key(family, values)), "trace_id": trace_id})
+                      "content": list(content_key(family, values)), "trace_id": trace_id,
+                      "held_out": split_of(family, values) != "train"})
 
 
 def demonstration(task: Task, rng: random.Random) -> list[dict]:

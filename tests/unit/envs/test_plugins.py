@@ -14,7 +14,7 @@ from tasks.policy.tokenizer import default_chat
 
 ROOT = Path(__file__).resolve().parents[3]
 CORE = ["tasks", "dags", "operators", "plugins", "hooks", "triggers"]
-OWN = {"tasks/envs/desk.py"}
+OWN = {"tasks/envs/desk.py", "tasks/envs/desk_traces.py"}  # desk and its trace parser
 ALLOWED = {("tasks/config_sections.py", "'desk'"), ("tasks/config_sections.py", '"desk"')}  # env.name's default
 
 
