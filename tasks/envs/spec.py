@@ -99,8 +99,13 @@ def load_spec(path: str | Path):
             return base.open_session(task)
         return _backend(spec.tools, task.data.get("toolset")).open_session(task.to_dict())
 
+    def task_from_trace(trace, toolset):
+        task = base.task_from_trace(trace, toolset)
+        return None if task is None else replace(task, env=reference, data={**task.data, "toolset": toolset.get("version")})
+
     return Environment(reference, generate_tasks, open_session, verify,
-                       base.demonstration if base else None, base.toolset_dir if base else None)
+                       base.demonstration if base else None, base.toolset_dir if base else None,
+                       task_from_trace if base is not None and base.task_from_trace else None)
 
 
 def _function(ref: str, path: Path):
