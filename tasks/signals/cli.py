@@ -1,6 +1,7 @@
 """The signals commands of `python -m tasks` (ingest, drift, tooldiff, simulate); each prints one JSON line.
 
     python -m tasks ingest --input PATH --output DIR [--window 2026-12-01/2026-12-02]
+    python -m tasks ingest --input mlflow:EXPERIMENT --output DIR --window 2026-12-01   # or otel:spans.json
     python -m tasks drift --reference REF --current CUR [--reference-window W] [--current-window W] [--out FILE]
     python -m tasks drift --current TRACES --current-window 2026-12-01 --reference-days 7
     python -m tasks monitor --input PATH --window 2026-12-01 --champion DIR --toolset SRC --output DIR
@@ -23,7 +24,8 @@ from pathlib import Path
 
 def add_parsers(sub) -> None:
     p = sub.add_parser("ingest", help="validate a window of production traces; quarantine bad rows")
-    p.add_argument("--input", required=True, help="a JSONL(.gz) file, a directory or an s3:// prefix")
+    p.add_argument("--input", required=True, help="a JSONL(.gz) file, a directory, an s3:// prefix, "
+                   "mlflow:EXPERIMENT (MLflow traces) or otel:FILE.json (OTLP JSON GenAI spans)")
     p.add_argument("--output", required=True)
     p.add_argument("--window", help="START/END (RFC 3339 or dates) or one date; default: everything")
     p = sub.add_parser("drift", help="drift tests between a reference and a current window")
@@ -67,8 +69,12 @@ def run(args, settings) -> int:
     try:
         if args.command == "ingest":
             from tasks.signals.ingest import ingest
+            from tasks.signals.trace_sources import materialize
 
-            print(json.dumps(ingest(args.input, args.output, settings.ingest, Window.parse(args.window))))
+            window = Window.parse(args.window)
+            # mlflow:EXPERIMENT / otel:FILE.json: exported to partitions under DIR/source first, then ingested like files
+            source = materialize(args.input, Path(args.output) / "source", window, tracking_uri=settings.tracking.uri)
+            print(json.dumps(ingest(source, args.output, settings.ingest, window)))
         elif args.command == "drift":
             print(json.dumps(_drift(args, settings)))
         elif args.command == "monitor":
