@@ -23,6 +23,10 @@ def _in_project(v: Path) -> Path:
 ProjectPath = Annotated[Path, AfterValidator(_in_project)]
 # a local path (anchored like ProjectPath) or a URI such as s3://bucket/prefix (kept as it is)
 ProjectUri = Annotated[str, AfterValidator(lambda v: v if "://" in v else str(_in_project(Path(v))))]
+# a ProjectUri, or mlflow:EXPERIMENT / otel:FILE (tasks/signals/trace_sources.py; an otel file is anchored too)
+TraceSource = Annotated[str, AfterValidator(
+    lambda v: v if v.startswith("mlflow:") or "://" in v else
+    "otel:" + str(_in_project(Path(v[5:]))) if v.startswith("otel:") else str(_in_project(Path(v))))]
 
 
 class _Section(BaseModel):
@@ -301,6 +305,7 @@ class RaySettings(_Section):
 
 
 class MonitorSettings(_Section):
-    traces: ProjectUri = Field("runs/production/traces", description="where production traces land: a directory (relative "
-                        "to the project) or an s3:// prefix, partitioned date=YYYY-MM-DD/")
+    traces: TraceSource = Field("runs/production/traces", description="where production traces land: a directory "
+                                "(relative to the project) or an s3:// prefix, partitioned date=YYYY-MM-DD/; or "
+                                "mlflow:EXPERIMENT (MLflow Tracing) or otel:FILE.json (an OTLP JSON GenAI span export)")
     window_days: int = Field(1, ge=1, le=31, description="the current window: this many whole days before the run")

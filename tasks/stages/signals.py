@@ -34,6 +34,17 @@ def _window(settings, window: str | None):
     return Window.parse(window) if window else last_full_days(settings.monitor.window_days)
 
 
+def _traces(settings, out: Path, win) -> str:
+    """monitor.traces as ingest reads it: an mlflow:EXPERIMENT or otel:FILE source is exported to `out` for
+    the current window and the reference days before it (tasks/signals/trace_sources.py); files stay as
+    they are."""
+    from tasks.signals.trace_sources import materialize
+    from tasks.signals.traces import Window
+
+    span = Window(win.start - timedelta(days=settings.drift.reference_days), win.end) if win.start else win
+    return materialize(settings.monitor.traces, out, span, tracking_uri=settings.tracking.uri)
+
+
 def _has_traces(source: str, window) -> bool:
     from tasks.signals.traces import select_files
 
@@ -58,10 +69,11 @@ def validate_data(settings, rd, window: str | None = None) -> dict:
         champion = champion_dir(settings, rd)
     except RuntimeError as e:  # nothing to train from: the skip path says so (a scheduled run before bootstrap)
         return _nothing_to_do(rd, win, str(e), no_champion=True)
-    if not _has_traces(settings.monitor.traces, win):
+    source = _traces(settings, rd.path / "signals" / "source", win)
+    if not _has_traces(source, win):
         return _nothing_to_do(rd, win, f"no production traces for {win} under {settings.monitor.traces}")
     verdict = DataVerdict.model_validate(check_production(
-        settings, settings.monitor.traces, rd.path / "signals" / "monitor", win, champion=champion,
+        settings, source, rd.path / "signals" / "monitor", win, champion=champion,
         toolset=settings.env.target_toolset))
     rd.write(verdict, "signals.json")
     with stage_run(settings, rd, "signals"):
@@ -158,7 +170,8 @@ def monitor(settings, window: str | None = None, reference_days: int | None = No
         s = settings.model_copy(update={"drift": settings.drift.model_copy(update={"reference_days": int(reference_days)})})
     out = Path(settings.run_dir) / "drift_monitor"
     key = re.sub(r"[^A-Za-z0-9_.-]+", "_", str(win))
-    if not _has_traces(settings.monitor.traces, win):
+    source = _traces(s, out / "source" / key, win)
+    if not _has_traces(source, win):
         summary = f"no production traces for {win} under {settings.monitor.traces}: nothing to compare"
         log.warning(summary)
         return {"retrain": False, "new": False, "summary": summary, "reasons": [], "window": str(win), "rows": {}}
@@ -167,7 +180,7 @@ def monitor(settings, window: str | None = None, reference_days: int | None = No
     except RuntimeError as e:  # no champion yet: drift only, no tool diff
         log.warning("%s: checking drift without the tool diff", e)
         champion = None
-    verdict = check_production(s, settings.monitor.traces, out / "windows" / key, win, champion=champion,
+    verdict = check_production(s, source, out / "windows" / key, win, champion=champion,
                                toolset=settings.env.target_toolset if champion else None)
     announced = out / "announced" / f"{key}_{verdict.get('registry_hash') or 'none'}.json"
     verdict["new"] = verdict["retrain"] and not announced.exists()
