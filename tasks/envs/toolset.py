@@ -25,6 +25,7 @@ versions are `registry_v{N}.json`, and a model's toolset is saved beside its wei
 from __future__ import annotations
 
 import json
+from functools import lru_cache
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -62,6 +63,24 @@ def load_toolset(source: str | Path | dict | list, env: str | None = None) -> di
         return _as_toolset(_parse(path.read_bytes(), str(path)), f"shipped registry v{version}")
     raise FileNotFoundError(f"registry {label}: no such file; pass a JSON/YAML file, an s3:// URI, "
                             f"an OpenAPI document or a shipped version (1, 2)")
+
+
+def toolset_label(source, env: str | None = None) -> str:
+    """A toolset's name in file and metric names: `v<N>` for a shipped version ("2", "v2"), else `ts-` and
+    12 hex digits of its schema hash. A path, URL or MCP command never goes into a file name; the same
+    tools give the same name whatever source they were read from."""
+    text = str(source)
+    version = text[1:] if text[:1] in "vV" and text[1:].isdigit() else text
+    if version.isdigit():
+        return f"v{version}"
+    return _hashed_label(text, env)
+
+
+@lru_cache(maxsize=256)
+def _hashed_label(source: str, env: str | None) -> str:
+    from tasks.signals.toolset_hash import schema_hash  # lazy: the signals import this module
+
+    return "ts-" + schema_hash(source, env).split(":", 1)[1][:12]
 
 
 def mcp_toolset(source: str) -> dict:

@@ -30,8 +30,11 @@ def price_run(settings, comparisons: dict[str, dict], stages: list[StageUsage],
 
 def judge(settings, comparisons: dict[str, dict], validations: dict[str, bool], cost: dict):
     """The gate's Decision: the target registry's comparison is the target, every other one a guard."""
+    from tasks.envs.toolset import toolset_label
+
     target_reg = settings.env.target_toolset
-    guards = {f"registry_v{reg}": cmp for reg, cmp in comparisons.items() if reg != target_reg}
+    guards = {f"registry_{toolset_label(reg, settings.env.name)}": cmp for reg, cmp in comparisons.items()
+              if reg != target_reg}
     return decide(comparisons[target_reg], guards, validations, cost, settings.promotion)
 
 

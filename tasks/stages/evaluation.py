@@ -8,6 +8,8 @@ from __future__ import annotations
 import logging
 import time
 
+from tasks.envs.toolset import toolset_label
+
 log = logging.getLogger(__name__)
 
 
@@ -44,12 +46,12 @@ def evaluate(settings, rd) -> dict:
             seconds = pool.load_weights(load_file(weights), version=version)
             log.info("%s weights loaded into %d engines in %.3fs", who, len(pool.actors), seconds)
             for toolset in toolsets(settings):
-                result = pool.score_attempts(load_tasks(rd, toolset), settings.eval.samples,
+                result = pool.score_attempts(load_tasks(rd, toolset, settings.env.name), settings.eval.samples,
                                              settings.rollout.temperature, settings.eval.seed)
-                rd.write_lines(result.table, f"eval_{who}_v{toolset}.jsonl")
+                rd.write_lines(result.table, f"eval_{who}_{toolset_label(toolset, settings.env.name)}.jsonl")
                 out.setdefault(who, {})[toolset] = {"greedy": result.summary("greedy_success")["mean"],
                                                     "sampled": result.summary("sampled_success")["mean"]}
-                log.info("evaluate %s on toolset v%s: greedy %.3f, sampled %.3f", who, toolset,
+                log.info("evaluate %s on toolset %s: greedy %.3f, sampled %.3f", who, toolset,
                          out[who][toolset]["greedy"], out[who][toolset]["sampled"])
         pids = pool.engine_pids()
         pool.shutdown()
@@ -60,11 +62,11 @@ def evaluate(settings, rd) -> dict:
     return out
 
 
-def eval_table(rd, who: str, toolset: str):
+def eval_table(rd, who: str, toolset: str, env: str | None = None):
     """The EvalResult evaluate wrote for `who` (champion | challenger) on `toolset`."""
     from tasks.evals.harness import EvalResult
 
-    return EvalResult(rd.read_lines(f"eval_{who}_v{toolset}.jsonl"))
+    return EvalResult(rd.read_lines(f"eval_{who}_{toolset_label(toolset, env)}.jsonl"))
 
 
 def validate_evals(settings, rd) -> dict:
@@ -77,22 +79,27 @@ def validate_evals(settings, rd) -> dict:
     from tasks.stages.rollouts import toolsets
 
     e = settings.eval
-    tables = {(who, t): eval_table(rd, who, t) for who in ("champion", "challenger") for t in toolsets(settings)}
+    tables = {(who, t): eval_table(rd, who, t, settings.env.name) for who in ("champion", "challenger") for t in toolsets(settings)}
     comparisons = Comparisons(evals_valid=True, **{
         kind: {t: compare(tables["challenger", t], tables["champion", t], f"{kind}_success", e.interval_resamples,
                           e.confidence) for t in toolsets(settings)} for kind in ("sampled", "greedy")})
     tracker = tracker_of(settings)
     docs = rd.path / "gx_docs_evals"  # GX data docs of the eval tables: where a failed validation points
     validator = Validator(docs)
+
+    def label(toolset):
+        return toolset_label(toolset, settings.env.name)
+
     with stage_run(settings, rd, "evals"):
         for (who, toolset), table in tables.items():
             outcome = check_eval_table(table.table, settings.eval.num_tasks, docs, validator)
             comparisons.evals_valid &= outcome.success
-            tracker.log_artifact(rd.path / f"eval_{who}_v{toolset}.jsonl", "evals")
+            tracker.log_artifact(rd.path / f"eval_{who}_{toolset_label(toolset, settings.env.name)}.jsonl", "evals")
         for kind, by_toolset in (("sampled", comparisons.sampled), ("greedy", comparisons.greedy)):
-            tracker.log_metrics({f"v{t}.{kind}.{who}": getattr(c, who).mean for t, c in by_toolset.items()
+            tracker.log_metrics({f"{label(t)}.{kind}.{who}": getattr(c, who).mean for t, c in by_toolset.items()
                                  for who in ("champion", "challenger")})
-        tracker.log_metrics({f"v{t}.greedy.difference_low": c.difference.low for t, c in comparisons.greedy.items()})
+        tracker.log_metrics({f"{label(t)}.greedy.difference_low": c.difference.low
+                             for t, c in comparisons.greedy.items()})
         tracker.set_tags({"evergreen.eval_validation": "passed" if comparisons.evals_valid else "failed"})
     rd.write(comparisons, "comparisons.json")
     if not comparisons.evals_valid:

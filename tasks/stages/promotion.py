@@ -33,7 +33,7 @@ def cost(settings, rd) -> dict:
     target = settings.env.target_toolset
 
     def tokens(who):
-        table = eval_table(rd, who, target).table
+        table = eval_table(rd, who, target, settings.env.name).table
         return sum(r.get("greedy_completion_tokens", 0) for r in table) / max(1, len(table))
 
     report = price_run(settings, _chosen(settings, rd), stages, ServingProjection(tokens("champion"), tokens("challenger")))

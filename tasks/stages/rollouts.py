@@ -12,6 +12,8 @@ from __future__ import annotations
 import logging
 import time
 
+from tasks.envs.toolset import toolset_label
+
 log = logging.getLogger(__name__)
 
 PROBE_SHARDS = (0, 1)  # probe_rollouts tasks: shard i starts the run's rollout engine i
@@ -37,21 +39,22 @@ def build_tasks(settings, rd, toolset: str) -> dict:
     from collections import Counter
 
     tasks = eval_tasks(settings, toolset)
-    path = rd.write_lines([t.to_dict() for t in tasks], "tasks", f"eval_v{toolset}.jsonl")
+    path = rd.write_lines([t.to_dict() for t in tasks], "tasks", f"eval_{toolset_label(toolset, settings.env.name)}.jsonl")
     out = {"toolset": toolset, "tasks": len(tasks), "families": dict(Counter(t.family for t in tasks)),
            "path": str(path), "role": "target" if toolset == settings.env.target_toolset else "guard"}
-    log.info("built %d eval tasks for toolset v%s: %s", len(tasks), toolset, out["families"])
+    log.info("built %d eval tasks for toolset %s: %s", len(tasks), toolset, out["families"])
     return out
 
 
-def load_tasks(rd, toolset: str):
+def load_tasks(rd, toolset: str, env: str | None = None):
     """The tasks build_tasks wrote for `toolset`."""
     from tasks.envs.base import Task
 
-    path = rd.path / "tasks" / f"eval_v{toolset}.jsonl"
-    if not path.exists():
-        raise FileNotFoundError(f"{path} is missing: the build_tasks stage writes it (was it skipped or cleared?)")
-    return [Task.from_dict(row) for row in rd.read_lines("tasks", f"eval_v{toolset}.jsonl")]
+    name = f"eval_{toolset_label(toolset, env)}.jsonl"
+    if not (rd.path / "tasks" / name).exists():
+        raise FileNotFoundError(f"{rd.path / 'tasks' / name} is missing: the build_tasks stage writes it "
+                                "(was it skipped or cleared?)")
+    return [Task.from_dict(row) for row in rd.read_lines("tasks", name)]
 
 
 def cluster_of(rd):

@@ -45,6 +45,7 @@ def grpo_command(settings, rd, fail_training_at_step: int | None = None) -> dict
 def record_training(settings, rd, job: dict | None = None) -> dict:
     """After the Ray job: its metrics and the challenger go to MLflow (the model under the pipeline run's
     `model` path, which move_aliases registers)."""
+    from tasks.envs.toolset import toolset_label
     from tasks.rl.metrics import read_metrics
     from tasks.rl.selection import challenger_step
     from tasks.stages.report import stage_run, tracker_of
@@ -68,8 +69,8 @@ def record_training(settings, rd, job: dict | None = None) -> dict:
             tracker.log_artifact(shards[-1], "sample_rollouts")
         if (grpo / "selection.json").exists():  # the checkpoint choice: validation scores per step, the chosen one
             for row in rd.read("grpo", "selection.json")["rows"]:
-                tracker.log_metrics({f"validation_v{t}_{k}": v for t, d in row.items() if t != "step"
-                                     for k, v in d.items()}, step=row["step"])
+                tracker.log_metrics({f"validation_{toolset_label(t, settings.env.name)}_{k}": v
+                                     for t, d in row.items() if t != "step" for k, v in d.items()}, step=row["step"])
             tracker.log_artifact(grpo / "selection.json", "training")
         tracker.set_tags({"evergreen.policy_version": str(challenger_step(grpo)),
                           "ray.job_id": (job or {}).get("job_id", "")})

@@ -362,3 +362,14 @@ def test_every_caller_reads_shipped_toolsets_through_the_one_loader():
     assert toolset_tasks("2", 3, 0)[0].tools[0]["function"]["name"] == "calculate"
     with pytest.raises(KeyError, match="no environment of that name"):
         load_toolset("2", env="gym")
+
+
+def test_run_files_name_a_toolset_by_version_or_schema_hash_never_by_its_source():
+    from tasks.envs.desk import TOOLSET_DIR
+    from tasks.envs.toolset import toolset_label
+    from tasks.signals.toolset_hash import schema_hash
+
+    assert toolset_label("2") == toolset_label("v2") == "v2"
+    by_file = toolset_label(str(TOOLSET_DIR / "registry_v2.json"), "desk")
+    assert by_file == "ts-" + schema_hash("2", "desk").split(":")[1][:12]  # the tools, not where they came from
+    assert "/" not in by_file and ":" not in by_file
