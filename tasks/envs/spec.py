@@ -130,7 +130,7 @@ def _backend(tools: ToolsSpec, version):
         if tools.kind == "mcp":
             from tasks.envs.mcp_backend import MCPBackend
 
-            _backends[key] = MCPBackend(server, timeout=tools.timeout)
+            _backends[key] = MCPBackend(server, timeout=tools.timeout, connect_timeout=max(15.0, tools.timeout))
         else:
             from tasks.envs.http_backend import ResourcesServerBackend
 

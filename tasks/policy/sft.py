@@ -52,9 +52,14 @@ def demonstration_batch(env_name: str, chat, n: int, seed: int, max_len: int,
             ep.add_message(message)
             if ep.done:
                 break
+        if faults := set(ep.faults) - {"refused"}:  # the tool server failed the expert (slow, down): not a lesson
+            log.warning("demonstration %s skipped: its tool backend faulted (%s)", task.task_id, ", ".join(faults))
+            continue
         if not ep.score()["success"]:
             raise AssertionError(f"demonstration for {task.task_id} failed: {ep.score()['reason']}")
         out.append((ep.token_ids, ep.loss_mask))
+    if not out:
+        raise RuntimeError(f"no demonstration of {n} survived its tool backend's faults: is the tool server up?")
     return out
 
 

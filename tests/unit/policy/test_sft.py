@@ -62,3 +62,36 @@ def test_recovery_demonstrations_show_a_refused_slip_then_the_trained_correction
         trained = chat.decode([i for i, m in zip(ids, mask) if m])
         # the slipped call is out of the loss: what is trained is what the plain demonstration trains
         assert trained == chat.decode([i for i, m in zip(plain_ids, plain_mask) if m])
+
+
+def flaky_environment():
+    """desk whose tool service fails every other call (a tool server timing out under load)."""
+    from dataclasses import replace
+
+    from tasks.envs import get_env
+    from tasks.envs.backends import InProcessSession
+    from tasks.envs.base import ToolError
+    from tasks.envs.desk import make_service
+
+    desk, calls = get_env("desk"), iter(range(10 ** 6))
+
+    def open_session(task):
+        service = make_service(task)
+
+        def flaky(name, arguments):
+            if next(calls) % 2:
+                raise TimeoutError("tool server too slow")
+            return service(name, arguments)
+        return InProcessSession(flaky, (ToolError,))
+
+    def generate_tasks(*args, **kwargs):
+        return [replace(t, env=__name__ + ":flaky_environment") for t in desk.generate_tasks(*args, **kwargs)]
+
+    return replace(desk, name=__name__ + ":flaky_environment", generate_tasks=generate_tasks, open_session=open_session)
+
+
+def test_demonstrations_whose_tool_backend_faulted_are_skipped_not_fatal():
+    from tasks.policy.tokenizer import default_chat
+
+    batch = demonstration_batch(__name__ + ":flaky_environment", default_chat(), 10, seed=3, max_len=512)
+    assert len(batch) == 5  # every other call failed: those demonstrations teach nothing and are left out
