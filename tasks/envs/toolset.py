@@ -189,4 +189,23 @@ def check_tool(tool: Any, where: str) -> str:
                          f"{{'type': 'function', 'function': {{'name': ..., 'parameters': {{...}}}}}}")
     if not isinstance(fn.get("parameters", {}), dict):
         raise ValueError(f"{where} ({fn['name']!r}): 'parameters' must be a JSON schema object")
+    import jsonschema_rs
+
+    try:  # a tool server may list anything: a schema the episode's argument check cannot apply is refused here
+        jsonschema_rs.meta.validate(_unique_required(fn.get("parameters", {})))
+    except jsonschema_rs.ValidationError as e:
+        first = str(e).splitlines()[0]
+        raise ValueError(f"{where} ({fn['name']!r}): 'parameters' is not a valid JSON Schema: {first}") from None
     return fn["name"]
+
+
+def _unique_required(schema):
+    """The schema with each `required` list deduplicated: a repeated name is sloppy, not ambiguous, and the
+    normalised tool (tasks.signals.toolset_hash) drops the repeat anyway."""
+    if isinstance(schema, dict):
+        return {k: list(dict.fromkeys(v)) if k == "required" and isinstance(v, list) and all(isinstance(x, str) for x in v)
+                else _unique_required(v)
+                for k, v in schema.items()}
+    if isinstance(schema, list):
+        return [_unique_required(v) for v in schema]
+    return schema

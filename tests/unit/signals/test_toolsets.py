@@ -373,3 +373,10 @@ def test_run_files_name_a_toolset_by_version_or_schema_hash_never_by_its_source(
     by_file = toolset_label(str(TOOLSET_DIR / "registry_v2.json"), "desk")
     assert by_file == "ts-" + schema_hash("2", "desk").split(":")[1][:12]  # the tools, not where they came from
     assert "/" not in by_file and ":" not in by_file
+
+
+def test_a_tool_whose_parameters_are_not_json_schema_is_refused_naming_it():
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
+        "a": {"type": "integr"}}}}}]
+    with pytest.raises(ValueError, match=r"tools\[0\] \('f'\): 'parameters' is not a valid JSON Schema"):
+        load_toolset({"version": "x", "tools": tools})
