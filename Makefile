@@ -30,7 +30,7 @@ chromium:
 	  { echo "could not install chromium: run 'apt-get install chromium chromium-driver' as root"; exit 1; }; }
 
 test: venv chromium
-	$(VENV)/bin/python -m pytest -q tests
+	$(VENV)/bin/python -m pytest -q --durations=30 tests
 
 test-unit: venv
 	$(VENV)/bin/python -m pytest -q tests/unit

@@ -58,15 +58,15 @@ def served_env(request, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def caller(tmp_path_factory, served_env):
-    """A small model taught the accepted call of one v2 task through the served tools (deterministic)."""
+def taught(tmp_path_factory):
+    """A small model taught the accepted call of one v2 task (deterministic), once for both servers."""
     import torch
 
     from tasks.config import ModelSettings
     from tasks.policy.model import build_model, save_model
     from tasks.policy.sft import demonstration_backward
 
-    env = get_env(served_env)
+    env = get_env("desk")
     task = env.generate_tasks(1, 0, env.load_toolset(str(V2)), split="train")[0]  # calc: 2 operands and an operator
     model, chat = build_model(ModelSettings(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128))
     for seed in range(50):  # a demonstration whose formats the strict v2 service accepts
@@ -85,6 +85,15 @@ def caller(tmp_path_factory, served_env):
         opt.step()
     model.eval()
     return save_model(model, chat, tmp_path_factory.mktemp("caller") / "model"), task
+
+
+@pytest.fixture(scope="module")
+def caller(taught, served_env):
+    """The taught model and its task, the task now of the served environment (its calls go to the server)."""
+    model_dir, task = taught
+    served = get_env(served_env).generate_tasks(1, 0, get_env(served_env).load_toolset(str(V2)), split="train")[0]
+    assert (served.question, served.expected) == (task.question, task.expected)
+    return model_dir, served
 
 
 def test_rollouts_a_grpo_step_and_an_eval_through_the_served_tools(served_env, caller, settings, tmp_path):

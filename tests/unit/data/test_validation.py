@@ -21,7 +21,7 @@ import pytest
 from tasks.data.validation import SUITE_DIR, BatchValidationError, Validator, load_suite_spec
 from tasks.signals.rows import FLAT_COLUMNS
 
-SUITES = ("traces", "traces_window", "traces_workloads", "rollouts", "eval_results")
+SUITES = ("traces", "traces_window", "traces_workloads", "rollouts", "eval_results", "production_tasks")
 G = 4  # rollouts per task
 
 
@@ -67,12 +67,24 @@ def eval_frame() -> pd.DataFrame:
                          "sampled_reward": [0.8, 0.1, np.nan, 0.5]})
 
 
+def production_frame() -> pd.DataFrame:
+    return pd.DataFrame({"task_id": ["p-0", "p-1", "p-2", "p-3"],
+                         "question": ["What is 3 plus 4?", "Convert 2 km to m.", "Oslo: country?", "7 times 6 = ?"],
+                         "expected": ["7", "2000", "Norway", "42"], "family": ["calc", "convert", "lookup", "calc"],
+                         "split": ["train", "train", "eval", "eval"],
+                         "content": ['["calc",3,4,"add"]', '["convert",2,"km","m"]', '["lookup","oslo","country"]',
+                                     '["calc",6,7,"mul"]']})
+
+
+WORKLOADS = ["calc", "convert", "lookup"]
 GOOD = {
     "traces": (traces_frame, {"window_start": 1_000.0, "future_limit": 4_000.0}),
     "traces_window": (window_frame, {"max_quarantine_share": 0.1}),
     "traces_workloads": (workloads_frame, {"required_workloads": ["calc", "convert", "lookup"]}),
     "rollouts": (rollouts_frame, {"max_rollout_index": G - 1}),
     "eval_results": (eval_frame, {"min_tasks": 4}),
+    "production_tasks": (production_frame, {"min_tasks": 4, "workloads": WORKLOADS,
+                                            "required_splits": ["train", "eval"]}),
 }
 
 
@@ -164,6 +176,27 @@ CASES = [
      None, [0], 1.25, {"min_value": 0, "max_value": 1}),
     ("eval_results", "expect_column_values_to_be_between", "sampled_reward", setter(sampled_reward={1: -0.1}), None,
      [1], -0.1, {"min_value": 0, "max_value": 1}),
+
+    ("production_tasks", "expect_table_row_count_to_be_between", "table", lambda df: df, set_params(min_tasks=5),
+     None, 4, {"min_value": 5}),
+    ("production_tasks", "expect_column_values_to_not_be_null", "task_id", setter(task_id={1: None}), None, [1], NULL,
+     {}),
+    ("production_tasks", "expect_column_values_to_be_unique", "task_id", setter(task_id={3: "p-1"}), None, [1, 3],
+     "p-1", {}),
+    ("production_tasks", "expect_column_values_to_not_be_null", "question", setter(question={2: None}), None, [2],
+     NULL, {}),
+    ("production_tasks", "expect_column_values_to_not_be_null", "expected", setter(expected={0: None}), None, [0],
+     NULL, {}),
+    ("production_tasks", "expect_column_value_lengths_to_be_between", "expected", setter(expected={3: ""}), None, [3],
+     "", {"min_value": 1}),
+    ("production_tasks", "expect_column_values_to_be_in_set", "family", setter(family={2: "sing"}), None, [2],
+     "sing", {"value_set": WORKLOADS}),
+    ("production_tasks", "expect_column_values_to_be_in_set", "split", setter(split={1: "test"}), None, [1], "test",
+     {"value_set": ["train", "eval"]}),
+    ("production_tasks", "expect_column_distinct_values_to_contain_set", "split",
+     setter(split={2: "train", 3: "train"}), None, None, {"missing": ["eval"]}, {"value_set": ["train", "eval"]}),
+    ("production_tasks", "expect_column_values_to_be_unique", "content", setter(content={3: '["calc",3,4,"add"]'}),
+     None, [0, 3], '["calc",3,4,"add"]', {}),
 ]
 CASE_IDS = [f"{c[0]}-{c[1].removeprefix('expect_')}-{c[2]}-{'max' if 'max_value' in c[7] and 'min_value' not in c[7] else 'min' if 'min_value' in c[7] else ''}"
             for c in CASES]
@@ -374,5 +407,5 @@ def test_unknown_suite_lists_the_known_ones(validator):
     known = ", ".join(sorted(SUITES))
     with pytest.raises(FileNotFoundError, match=re.escape(f"no GX suite 'tracez' in {SUITE_DIR}; known suites: {known}")):
         validator.validate("tracez", window_frame())
-    with pytest.raises(FileNotFoundError, match="known suites: eval_results, rollouts, traces, traces_window"):
+    with pytest.raises(FileNotFoundError, match="known suites: eval_results, production_tasks, rollouts, traces"):
         load_suite_spec("nope")

@@ -10,7 +10,7 @@ from triggers.tool_change import ToolChangeTrigger
 TOOLS = Path(__file__).resolve().parents[3] / "include" / "tools"
 
 
-async def _events(trigger, edits, per_edit=2.0):
+async def _events(trigger, edits, per_edit=1.0):
     """Run the trigger; apply each edit (a callable) in turn, collecting what it yields after each."""
     out, queue = [], asyncio.Queue()
 
