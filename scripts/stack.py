@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tasks.net import free_port, port_busy
+from tasks.processes import end_processes
 
 PROJECT = Path(__file__).resolve().parents[1]
 USER = "evergreen"
@@ -319,17 +320,7 @@ class Stack:
                     strays.append(proc)
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 continue
-        for proc in strays:
-            try:
-                proc.terminate()
-            except psutil.NoSuchProcess:
-                pass
-        _, alive = psutil.wait_procs(strays, timeout=grace)
-        for proc in alive:
-            try:
-                proc.kill()
-            except psutil.NoSuchProcess:
-                pass
+        end_processes(strays, grace)
         return len(strays)
 
     def __enter__(self) -> "Stack":

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tasks.net import free_port
+from tasks.processes import end_processes
 
 log = logging.getLogger(__name__)
 
@@ -55,18 +56,7 @@ class LocalHead:
                 procs.append(psutil.Process(pid))
             except psutil.NoSuchProcess:
                 pass
-        for p in procs:
-            try:
-                p.terminate()
-            except psutil.NoSuchProcess:
-                pass
-        _, alive = psutil.wait_procs(procs, timeout=timeout)
-        for p in alive:
-            try:
-                p.kill()
-            except psutil.NoSuchProcess:
-                pass
-        psutil.wait_procs(alive, timeout=5)
+        end_processes(procs, grace=timeout)
         log.info("stopped local Ray head %s (%d processes)", self.address, len(procs))
         return len(procs)
 
