@@ -80,7 +80,17 @@ class LoopThread:
             self._thread.join(timeout=5)
 
 
-class InProcessSession:
+class ClosedOnExit:
+    """`with x:` closes x at the end: the sessions and backends of this package."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class InProcessSession(ClosedOnExit):
     """A session over a Python callable `service(name, arguments) -> str` that raises `refusal` types
     for calls it refuses (e.g. tasks.envs.base.ToolError)."""
 
@@ -100,9 +110,3 @@ class InProcessSession:
 
     def close(self) -> None:
         pass
-
-    def __enter__(self) -> "InProcessSession":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()

@@ -35,7 +35,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from tasks.envs.backends import FAULTS, LoopThread, ToolResult
+from tasks.envs.backends import FAULTS, ClosedOnExit, LoopThread, ToolResult
 
 COOKIE = "evergreen_session"
 _STATUS_FAULTS = {400: "refused", 404: "refused", 422: "refused", 410: "session_lost", 500: "tool_failed",
@@ -46,7 +46,7 @@ def _error(fault: str, text: str) -> ToolResult:
     return ToolResult(f"error: {text}", is_error=True, fault=fault)
 
 
-class ResourcesServerBackend:
+class ResourcesServerBackend(ClosedOnExit):
     """ToolBackend over a resources server at `base_url`: one connection pool per event loop (in practice
     one: the backend's own LoopThread for synchronous callers, or the caller's loop for async ones)."""
 
@@ -158,14 +158,8 @@ class ResourcesServerBackend:
             self._thread.stop()
             self._thread = None
 
-    def __enter__(self) -> "ResourcesServerBackend":
-        return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-
-class ResourcesServerSession:
+class ResourcesServerSession(ClosedOnExit):
     """One episode's session on the server: the cookie from POST /seed_session, sent with every call."""
 
     def __init__(self, backend: ResourcesServerBackend, task: dict | None):
@@ -247,8 +241,3 @@ class ResourcesServerSession:
         # episode saved), and an episode closes its session when it ends, before its score is asked for
         pass
 
-    def __enter__(self) -> "ResourcesServerSession":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()

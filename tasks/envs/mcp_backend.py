@@ -44,7 +44,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
-from tasks.envs.backends import LoopThread, ToolResult
+from tasks.envs.backends import ClosedOnExit, LoopThread, ToolResult
 
 HANDLER_META = "evergreen/handler"  # where desk_mcp_server carries x-evergreen-handler
 VERSION_META = "evergreen/toolset_version"  # and the toolset's version, on the tools/list result
@@ -135,7 +135,7 @@ class _Connection:
                 self.task.cancel()
 
 
-class MCPBackend:
+class MCPBackend(ClosedOnExit):
     def __init__(self, server: str | list[str], *, timeout: float = 10.0, connect_timeout: float = 15.0,
                  stateless: bool | None = None, mode: str = "auto", env: dict[str, str] | None = None,
                  cwd: str | None = None, errlog=None):
@@ -195,12 +195,6 @@ class MCPBackend:
             self._lt.stop()
             if not self._lt.loop.is_running():
                 self._lt.loop.close()
-
-    def __enter__(self) -> MCPBackend:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     # ---------------------------------------------------------------- on the backend's loop
 
@@ -349,7 +343,7 @@ class MCPBackend:
         await asyncio.gather(*(conn.close() for conn in [*self._episodes, *([self._ctl] if self._ctl else [])]))
 
 
-class MCPSession:
+class MCPSession(ClosedOnExit):
     """An episode's tool session: the backend's shared connection, or its own (opened at the first call,
     closed with the session; once lost, its calls say so: the server's state for the episode is gone)."""
 
@@ -393,12 +387,6 @@ class MCPSession:
             self.backend._episodes.discard(self._conn)
             self.backend._lt.run(self._conn.close())
         self._conn = None
-
-    def __enter__(self) -> MCPSession:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
 
 def _openai_tool(tool: types.Tool) -> dict:
