@@ -51,7 +51,7 @@ from fastapi.responses import Response
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from tasks.envs.base import REWARD_WEIGHTS, ToolError, check_arguments, normalise_answer  # noqa: E402
+from tasks.envs.base import ToolError, check_arguments, grounded_score, normalise_answer  # noqa: E402
 from tasks.envs.desk import STRICT_FROM_VERSION, DeskService, _tool_bindings  # noqa: E402
 from tasks.envs.toolset import load_toolset  # noqa: E402
 
@@ -111,26 +111,14 @@ class Session:
         """GroundedVerifier's reward from what the server saw (see the module docstring)."""
         answer = body.get("answer")
         answer = answer if isinstance(answer, str) else None
-        matches = answer is not None and self.expected is not None \
-            and normalise_answer(answer) == normalise_answer(self.expected)
-        correct = float(matches and self.grounded)
-        fmt = float(body.get("format", 1.0 if answer and answer.strip() else 0.0))
-        validity = float(body.get("call_validity", self.n_valid / self.n_calls if self.n_calls else 0.0))
-        components = {"format": fmt, "call_validity": validity, "correct": correct}
-        reward = sum(REWARD_WEIGHTS[k] * v for k, v in components.items())
-        if correct:
-            reason = "correct"
-        elif matches:
-            reason = ("right value, but no successful call that solves the task returned it "
-                      "(answered from memory, or echoed through a tool)")
-        elif self.expected is None:
-            reason = "the session was seeded without a task: there is no expected answer"
-        elif answer is None:
-            reason = "no final answer"
-        else:
-            reason = f"answer {answer.strip()[:40]!r} != expected {self.expected!r}"
-        return {"reward": round(reward, 6), "components": components, "reason": reason, "success": bool(correct),
-                "tool_calls": self.n_calls, "tool_errors": self.n_calls - self.n_valid, "calls": self.log}
+        verdict = grounded_score(
+            answer, self.expected, self.grounded,
+            fmt=float(body.get("format", 1.0 if answer and answer.strip() else 0.0)),
+            validity=float(body.get("call_validity", self.n_valid / self.n_calls if self.n_calls else 0.0)),
+            unanswered="no final answer")
+        if self.expected is None:
+            verdict["reason"] = "the session was seeded without a task: there is no expected answer"
+        return {**verdict, "tool_calls": self.n_calls, "tool_errors": self.n_calls - self.n_valid, "calls": self.log}
 
 
 class SessionStore:

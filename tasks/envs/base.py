@@ -26,6 +26,7 @@ matching value): those return the right value without solving anything.
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections import Counter
 from dataclasses import dataclass, field
@@ -97,6 +98,20 @@ def check_arguments(tool: dict, arguments: dict) -> str | None:
         if "enum" in spec and value not in spec["enum"]:
             return f"argument '{name}' must be one of {spec['enum']}"
     return None
+
+
+SPLITS = (("eval", 0.25), ("dev", 0.15), ("train", 0.60))  # task content kept apart: the gate's, dev, training
+
+
+def hash_split(key: str, shares: tuple[tuple[str, float], ...] = SPLITS) -> str:
+    """The split `key` falls in: its sha256 (not hash(): that is salted per process) read as a fraction of
+    [0, 1), cut by the (name, share) pairs in order. The same key lands in the same split on every machine."""
+    u, edge = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") / 2 ** 64, 0.0
+    for name, share in shares:
+        edge += share
+        if u < edge:
+            return name
+    return shares[-1][0]
 
 
 def normalise_answer(text: str) -> str:
@@ -274,21 +289,30 @@ class GroundedVerifier:
 
     def __call__(self, episode: "Episode") -> dict[str, Any]:
         ep = episode
-        matches = ep.answer is not None and normalise_answer(ep.answer) == normalise_answer(ep.task.expected)
-        grounded = any(self._grounds(ep, *call) for call in ep.answered)
-        correct = float(matches and grounded)
-        fmt = ep.n_well_formed_turns / ep.turns if ep.turns else 0.0
-        validity = ep.n_valid_calls / ep.n_calls if ep.n_calls else 0.0
-        components = {"format": fmt, "call_validity": validity, "correct": correct}
-        reward = sum(REWARD_WEIGHTS[k] * v for k, v in components.items())
-        if correct:
-            reason = "correct"
-        elif matches:
-            reason = ("right value, but no successful call that solves the task returned it "
-                      "(answered from memory, or echoed through a tool)")
-        elif ep.answer is None:
-            reason = ep.end_reason
-        else:
-            reason = f"answer {ep.answer.strip()[:40]!r} != expected {ep.task.expected!r}"
-        return {"reward": round(reward, 6), "components": components, "reason": reason, "success": bool(correct),
-                "turns": ep.turns, "tool_calls": ep.n_calls, "tool_errors": ep.n_tool_errors}
+        verdict = grounded_score(
+            ep.answer, ep.task.expected, any(self._grounds(ep, *call) for call in ep.answered),
+            fmt=ep.n_well_formed_turns / ep.turns if ep.turns else 0.0,
+            validity=ep.n_valid_calls / ep.n_calls if ep.n_calls else 0.0, unanswered=ep.end_reason)
+        return {**verdict, "turns": ep.turns, "tool_calls": ep.n_calls, "tool_errors": ep.n_tool_errors}
+
+
+def grounded_score(answer: str | None, expected: str | None, grounded: bool, fmt: float, validity: float,
+                   unanswered: str) -> dict[str, Any]:
+    """The grounded reward and its reason, from what a verifier saw: the final answer, the expected value,
+    whether a successful solving call returned it, and the format and call-validity shares. `unanswered`
+    is the reason when there is no answer. The episode's verifier and the resources server's /verify
+    (include/tools/desk_resources_server.py) both score with it."""
+    matches = answer is not None and expected is not None and normalise_answer(answer) == normalise_answer(expected)
+    correct = float(matches and grounded)
+    components = {"format": fmt, "call_validity": validity, "correct": correct}
+    reward = sum(REWARD_WEIGHTS[k] * v for k, v in components.items())
+    if correct:
+        reason = "correct"
+    elif matches:
+        reason = ("right value, but no successful call that solves the task returned it "
+                  "(answered from memory, or echoed through a tool)")
+    elif answer is None:
+        reason = unanswered
+    else:
+        reason = f"answer {answer.strip()[:40]!r} != expected {expected!r}"
+    return {"reward": round(reward, 6), "components": components, "reason": reason, "success": bool(correct)}

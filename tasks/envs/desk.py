@@ -15,14 +15,13 @@ and error while v1 (which accepts both) is unharmed.
 """
 from __future__ import annotations
 
-import hashlib
 import math
 import random
 from functools import lru_cache
 from pathlib import Path
 
 from tasks.envs.backends import InProcessSession
-from tasks.envs.base import GroundedVerifier, Task, ToolError
+from tasks.envs.base import SPLITS, GroundedVerifier, Task, ToolError, hash_split
 from tasks.envs.toolset import load_toolset
 
 FAMILIES = ("calc", "convert", "lookup")
@@ -44,7 +43,6 @@ CITIES = {
 }
 FIELDS = ("population", "country", "elevation")
 STRICT_FROM_VERSION = 2
-SPLITS = (("eval", 0.25), ("dev", 0.15), ("train", 0.60))  # share of the content hash space, in this order
 # Only 36 (city, field) pairs exist, so a split by plain hash may leave a city or a field without any
 # training pair (a policy could never learn it) or a split without lookups. This salt is the first whose
 # lookup split has every city and every field in train and every field in eval and in dev, at the nominal
@@ -214,13 +212,7 @@ def content_key(family: str, values: list) -> tuple:
 
 def split_of(family: str, values: list) -> str:
     """The split a content belongs to: a stable hash (sha256, not hash(): that is salted per process)."""
-    digest = hashlib.sha256(f"{SPLIT_SALT}|{'|'.join(map(str, content_key(family, values)))}".encode()).digest()
-    u, edge = int.from_bytes(digest[:8], "big") / 2 ** 64, 0.0
-    for name, share in SPLITS:
-        edge += share
-        if u < edge:
-            return name
-    return SPLITS[-1][0]
+    return hash_split(f"{SPLIT_SALT}|{'|'.join(map(str, content_key(family, values)))}")
 
 
 def task_content(task: Task) -> tuple:

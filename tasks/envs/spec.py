@@ -13,14 +13,13 @@
 
 The episodes' calls go to the declared server; the verifier scores them as the base's would (desk's
 grounding judges a call by its arguments, whoever answered it). Tasks generated without a toolset (the
-base's own choice: desk's random schemas for the bootstrap) keep the base's own tools. A backend is opened once per process at
-the first episode and closed at exit. Tasks from a file are split by a hash of their task_id (train /
-dev / eval shares as desk's), so no eval task is trained on.
+base's own choice: desk's random schemas for the bootstrap) keep the base's own tools. A backend is
+opened once per process at the first episode and closed at exit. Tasks from a file are split by a hash
+of their task_id (tasks.envs.base.hash_split, the shares of base.SPLITS), so no eval task is trained on.
 """
 from __future__ import annotations
 
 import atexit
-import hashlib
 import importlib
 import json
 import random
@@ -32,8 +31,9 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from tasks.envs.base import hash_split
+
 ROOT = Path(__file__).resolve().parents[2]
-SPLITS = (("eval", 0.25), ("dev", 0.15), ("train", 0.60))
 _backends: dict[str, object] = {}
 
 
@@ -159,10 +159,4 @@ def _file_tasks(path: Path, n: int, seed: int, split: str | None, reference: str
 
 
 def split_of(task_id: str) -> str:
-    u = int.from_bytes(hashlib.sha256(task_id.encode()).digest()[:8], "big") / 2 ** 64
-    edge = 0.0
-    for name, share in SPLITS:
-        edge += share
-        if u < edge:
-            return name
-    return SPLITS[-1][0]
+    return hash_split(task_id)

@@ -28,13 +28,12 @@ BatchValidationError after everything is written, so that the files can be inspe
 from __future__ import annotations
 
 import gzip
-import hashlib
 import json
 import logging
 from collections import Counter
 from pathlib import Path
 
-from tasks.envs.base import Task, normalise_answer
+from tasks.envs.base import Task, hash_split, normalise_answer
 from tasks.storage import write_atomic
 
 log = logging.getLogger(__name__)
@@ -81,8 +80,7 @@ def content_of(task: Task) -> str:
 
 def split_of_content(content: str, eval_share: float) -> str:
     """'eval' for a share `eval_share` of the content hash space (sha256: hash() is salted per process)."""
-    digest = hashlib.sha256(f"{SPLIT_SALT}|{content}".encode()).digest()
-    return "eval" if int.from_bytes(digest[:8], "big") / 2 ** 64 < eval_share else "train"
+    return hash_split(f"{SPLIT_SALT}|{content}", (("eval", eval_share), ("train", 1.0 - eval_share)))
 
 
 def _map(rows, env, toolset: dict) -> tuple[list[Task], Counter, int]:
