@@ -48,19 +48,13 @@ def settings_for(params: dict | None, trigger: dict | None = None):
     """The run's settings: the file, EVERGREEN_* variables, then the run's params. A run started by a
     breaking tool change (triggers/tool_change.py) trains for the watched tools unless a param names others."""
     from tasks.config import load_settings, nest
+    from tasks.stages.signals import tool_change_of
 
     overrides = overrides_from_params(dict(params or {}))
     changed = tool_change_of(trigger or {})
     if changed and "env.target_toolset" not in overrides:
         overrides["env.target_toolset"] = changed["source"]
     return load_settings(overrides=nest(overrides))
-
-
-def tool_change_of(trigger: dict) -> dict | None:
-    """The payload of the newest tool-change event among the run's asset events, if any."""
-    payloads = [(e.get("extra") or {}).get("payload") or {} for e in trigger.get("asset_events", [])]
-    changes = [p for p in payloads if p.get("kind") == "tool_change" and p.get("source")]
-    return changes[-1] if changes else None
 
 
 def trigger_of(context) -> dict:

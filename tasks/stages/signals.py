@@ -92,6 +92,13 @@ def _nothing_to_do(rd, window, why: str, no_champion: bool = False) -> dict:
     return verdict.model_dump()
 
 
+def tool_change_of(trigger: dict) -> dict | None:
+    """The payload of the newest tool-change event (triggers/tool_change.py) among a run's asset events."""
+    payloads = [(e.get("extra") or {}).get("payload") or {} for e in trigger.get("asset_events", [])]
+    changes = [p for p in payloads if p.get("kind") == "tool_change" and p.get("source")]
+    return changes[-1] if changes else None
+
+
 def decide_training(verdict: dict, trigger: dict, force: bool = False) -> tuple[bool, str]:
     """Train when forced, when the data shows drift or a breaking tool change, or when an event asked for it
     and there is data to learn from. Pure."""
@@ -99,9 +106,8 @@ def decide_training(verdict: dict, trigger: dict, force: bool = False) -> tuple[
         return False, verdict["summary"]
     if force:
         return True, "forced by the `force` param"
-    payloads = [(e.get("extra") or {}).get("payload") or {} for e in trigger.get("asset_events", [])]
-    if changed := [p for p in payloads if p.get("kind") == "tool_change"]:  # triggers/tool_change.py
-        return True, f"{changed[-1].get('summary', 'tool change')} (watched at {changed[-1].get('source')})"
+    if changed := tool_change_of(trigger):
+        return True, f"{changed.get('summary', 'tool change')} (watched at {changed['source']})"
     if verdict.get("retrain"):
         return True, "production moved: " + verdict.get("summary", "")
     asked = [e for e in trigger.get("asset_events", []) if (e.get("extra") or {}).get("retrain", True)]

@@ -4,7 +4,8 @@ import json
 import shutil
 from pathlib import Path
 
-from operators.stages import settings_for, tool_change_of
+from operators.stages import settings_for
+from tasks.stages.signals import tool_change_of
 from triggers.tool_change import ToolChangeTrigger
 
 TOOLS = Path(__file__).resolve().parents[3] / "include" / "tools"
