@@ -36,9 +36,18 @@ ADD = {"x": "2", "y": "3", "operator": "+"}
 
 
 def server_pids(toolset: Path) -> list[int]:
-    """This process's stdio servers of `toolset` (the backend starts them as its children)."""
-    return [p.pid for p in psutil.Process().children(recursive=True)
-            if str(toolset) in " ".join(p.cmdline())]
+    """This process's live stdio servers of `toolset` (the backend starts them as its children).
+
+    A server killed by a test can stay a zombie until its parent's reaper runs; it serves nothing,
+    so it is not counted (and reading its command line would raise)."""
+    pids = []
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            if proc.status() != psutil.STATUS_ZOMBIE and str(toolset) in " ".join(proc.cmdline()):
+                pids.append(proc.pid)
+        except (psutil.NoSuchProcess, psutil.ZombieProcess):
+            continue
+    return pids
 
 
 @contextmanager
