@@ -309,7 +309,8 @@ def generate_tasks(n: int, seed: int, toolset: dict | None = None, families: tup
             task_id=f"desk-r{version}-s{seed}-{i}" if split is None else f"desk-r{version}-{split}-s{seed}-{i}",
             env="desk", family=family, question=question, tools=tools,
             expected=sol["expected"],
-            data={"strict": strict, "bindings": _tool_bindings(tools), "solution": sol["values"]},
+            data={"strict": strict, "bindings": _tool_bindings(tools), "solution": sol["values"],
+                  "content": list(content_key(family, sol["values"]))},
         ))
     return out
 

@@ -26,9 +26,11 @@ target and guard episodes (`grpo.guard_kl_coef`).
 """
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
+import random
 import time
 from pathlib import Path
 
@@ -44,16 +46,70 @@ log = logging.getLogger(__name__)
 
 def training_tasks(settings, step: int) -> list:
     """The tasks of one step: deterministic in (seed, step), drawn from the training split of the task
-    content (disjoint from the eval and dev splits by construction). The target registry's tasks first,
-    then `guard_count` from the champion's registry."""
+    content (disjoint from the eval and dev splits by construction). The target toolset's tasks first
+    (a `grpo.production_share` of them from tasks from production, the rest generated), then
+    `guard_count` from the champion's toolset."""
     env, g = get_env(settings.env.name), settings.grpo
     n_guard = guard_count(g)
+    n_target = g.tasks_per_step - n_guard
     seed = 1_000_000 + g.seed * 10_000 + step
-    target = env.generate_tasks(g.tasks_per_step - n_guard, seed, env.load_toolset(settings.env.target_toolset),
-                                split="train")
+    target_toolset = env.load_toolset(settings.env.target_toolset)
+    produced, held_out = production_draw(g, n_target, seed)
+    target = produced + generated_tasks(env, n_target - len(produced), seed, target_toolset, held_out)
     guard = env.generate_tasks(n_guard, seed + 500_000, env.load_toolset(settings.env.champion_toolset),
                                split="train") if n_guard else []
     return target + guard
+
+
+@functools.lru_cache(maxsize=4)
+def _production_rows(path: str) -> tuple[tuple[dict, ...], frozenset[str]]:
+    """(train rows, content keys of the held-out eval.jsonl beside them) of a production_tasks file."""
+    from tasks.envs.base import Task
+    from tasks.signals.production_tasks import content_of
+
+    def rows(f: Path) -> list[dict]:
+        return [json.loads(line) for line in f.read_text().splitlines() if line.strip()] if f.exists() else []
+
+    train_file = Path(path)
+    if not train_file.exists():
+        raise FileNotFoundError(f"grpo.production_tasks={path} does not exist: point it at a train.jsonl that "
+                                "tasks/signals/production_tasks.py wrote, or set grpo.production_share=0")
+    held_out = frozenset(content_of(Task.from_dict(r)) for r in rows(train_file.with_name("eval.jsonl")))
+    return tuple(rows(train_file)), held_out
+
+
+def production_draw(g, n_target: int, seed: int) -> tuple[list, frozenset[str]]:
+    """round(production_share * n_target) tasks from production (without replacement within a step; all of
+    them when there are fewer), and the held-out content that generated tasks must avoid."""
+    from tasks.envs.base import Task
+
+    if not g.production_share or not g.production_tasks:
+        return [], frozenset()
+    rows, held_out = _production_rows(str(g.production_tasks))
+    n = min(round(g.production_share * n_target), len(rows))
+    picked = random.Random(seed).sample(range(len(rows)), n)
+    return [Task.from_dict(rows[i]) for i in picked], held_out
+
+
+def generated_tasks(env, n: int, seed: int, toolset: dict, held_out: frozenset[str]) -> list:
+    """`n` of the environment's training tasks, none with content that production holds out (production's
+    eval split is content the environment may count as training: desk's production *is* its generator's
+    distribution). Redraws with further seeds until `n` remain."""
+    from tasks.signals.production_tasks import content_of
+
+    tasks = env.generate_tasks(n, seed, toolset, split="train")
+    if not held_out:
+        return tasks
+    kept = [t for t in tasks if content_of(t) not in held_out]
+    for extra in range(1, 33):
+        if len(kept) >= n:
+            break
+        kept += [t for t in env.generate_tasks(n, seed + 7_919 * extra, toolset, split="train")
+                 if content_of(t) not in held_out]
+    if len(kept) < n:
+        raise ValueError(f"{env.name}: {n} training tasks without production's held-out content not found in 33 "
+                         f"draws; the environment's training content is nearly all held out by production")
+    return kept[:n]
 
 
 def grpo_loop(config: dict) -> None:

@@ -38,7 +38,7 @@ def demo_settings(settings):
 def run_demo(settings, fresh: bool = True):
     """The whole loop; returns the run's RunSummary (also in <run_dir>/continuous_post_training/<run>/)."""
     from tasks.rundir import RunDir
-    from tasks.stages import models, report, signals
+    from tasks.stages import models, report, rollouts, signals
     from tasks.stages.contracts import RunSummary
     from tasks.stages.simulate import simulate_production
 
@@ -54,6 +54,7 @@ def run_demo(settings, fresh: bool = True):
     trigger = {"kind": "cli", "asset_events": events, "params": {}}
 
     rd = RunDir.for_run(settings, "continuous_post_training", run_id)
+    settings = rollouts.pin_toolsets(settings, rd)
     report.open_run(settings, rd, trigger)
     try:
         _train_or_skip(settings, rd, trigger)

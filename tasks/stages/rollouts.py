@@ -25,6 +25,51 @@ def toolsets(settings) -> list[str]:
     return [settings.env.target_toolset, settings.env.champion_toolset]
 
 
+def pin_toolsets(settings, rd):
+    """`settings` with each toolset that is not a shipped version (an MCP server, a URL, an object, a file:
+    what a tool watch names) pinned to the copy this run read first, <rd>/toolsets/<field>.json. A tool
+    change during the run then cannot give its stages different tools (build_tasks, the GRPO job and the
+    evals name their files by the toolset's hash). The first reader's copy wins (a hard link: atomic and
+    exclusive). A source that cannot be read is left as it is, with a warning: the stage that needs those
+    tools fails with the reason, and the others (teardown, summary) still run."""
+    import json
+    import os
+    import tempfile
+
+    from tasks.envs import get_env
+
+    pins = {}
+    for field in ("target_toolset", "champion_toolset"):
+        source = str(getattr(settings.env, field))
+        bare = source[1:] if source[:1] in "vV" else source
+        path = rd.path / "toolsets" / f"{field}.json"
+        if bare.isdigit() or source == str(path):
+            continue
+        if not path.exists():
+            try:
+                toolset = get_env(settings.env.name).load_toolset(source)
+            except Exception as e:  # noqa: BLE001 (any backend's failure; the error is passed on in the log)
+                log.warning("toolset %s=%s not pinned (%s: %s); stages read it themselves", field, source,
+                            type(e).__name__, e)
+                continue
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+            with os.fdopen(fd, "w") as f:
+                json.dump({**toolset, "x-evergreen-source": source}, f)
+            try:
+                os.link(tmp, path)
+                log.info("toolset %s=%s pinned for this run at %s (%d tools)", field, source, path,
+                         len(toolset["tools"]))
+            except FileExistsError:
+                pass  # another task of this run pinned it first: its copy is the run's
+            finally:
+                os.unlink(tmp)
+        pins[field] = str(path)
+    if not pins:
+        return settings
+    return settings.model_copy(update={"env": settings.env.model_copy(update=pins)})
+
+
 def eval_tasks(settings, toolset: str):
     """The held-out evaluation tasks of one toolset: fixed seed, content of `eval.split`."""
     from tasks.envs import get_env
@@ -100,6 +145,9 @@ def probe_rollouts(settings, rd, shard: int, num_shards: int) -> dict:
     from tasks.rl.train import training_tasks
     from tasks.stages.models import champion_dir
 
+    from tasks.stages.signals import with_production_tasks
+
+    settings = with_production_tasks(settings, rd)  # the first batch of the GRPO job, as it will draw it
     one = settings.model_copy(update={"rollout": settings.rollout.model_copy(update={"num_workers": 1})})
     champ = champion_dir(settings, rd)
     kept = shard < settings.rollout.num_workers

@@ -75,11 +75,47 @@ def validate_data(settings, rd, window: str | None = None) -> dict:
     verdict = DataVerdict.model_validate(check_production(
         settings, source, rd.path / "signals" / "monitor", win, champion=champion,
         toolset=settings.env.target_toolset))
+    verdict.production_tasks = production_tasks(settings, rd)
     rd.write(verdict, "signals.json")
     with stage_run(settings, rd, "signals"):
         track_signals(tracker_of(settings), rd.path / "signals", verdict)
     rd.record_timing("validate_data", time.time() - t0, cpus=1)
-    return verdict.model_dump(include={"retrain", "reasons", "summary", "window", "rows", "data_validation"})
+    return verdict.model_dump(include={"retrain", "reasons", "summary", "window", "rows", "data_validation",
+                                       "production_tasks"})
+
+
+def production_tasks(settings, rd) -> dict:
+    """Training and held-out tasks from the window's accepted traces, on the target toolset
+    (tasks/signals/production_tasks.py, under <rd>/production_tasks). Their counts and whether the run
+    trains on them (`used`: the environment verifies traces, the GX suite passed, there is a train split);
+    a failed suite is recorded, not raised: the traces passed ingest, and the run trains on generated tasks."""
+    from tasks.data.validation import BatchValidationError
+    from tasks.envs import get_env
+    from tasks.signals.production_tasks import tasks_from_traces
+
+    if get_env(settings.env.name).task_from_trace is None:
+        return {"used": False, "reason": f"environment {settings.env.name!r} has no task_from_trace"}
+    out = rd.path / "production_tasks"
+    try:
+        summary = tasks_from_traces(rd.path / "signals" / "monitor" / "current", settings.env.name,
+                                    settings.env.target_toolset, out)
+    except BatchValidationError as e:
+        log.warning("tasks from production failed their GX suite; training on generated tasks only: %s", e)
+        return {"used": False, "reason": f"GX suite failed: {e}"}
+    used = summary["train"] > 0 and settings.grpo.production_share > 0
+    reason = "" if used else ("no verifiable training task in the window" if not summary["train"]
+                              else "grpo.production_share is 0")
+    return {"used": used, "reason": reason, "train": summary["train"], "eval": summary["eval"],
+            "traces": summary["traces"], "unverifiable": summary["unverifiable"], "path": str(out / "train.jsonl")}
+
+
+def with_production_tasks(settings, rd):
+    """`settings` with grpo.production_tasks set to this run's tasks from production where it trains on them
+    (validate_data's verdict says so), else unchanged: the probes and the GRPO job draw the same batches."""
+    used = ((rd.read("signals.json") or {}).get("production_tasks") or {})
+    if not used.get("used"):
+        return settings
+    return settings.model_copy(update={"grpo": settings.grpo.model_copy(update={"production_tasks": used["path"]})})
 
 
 def _nothing_to_do(rd, window, why: str, no_champion: bool = False) -> dict:

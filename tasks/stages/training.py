@@ -29,7 +29,10 @@ def grpo_command(settings, rd, fail_training_at_step: int | None = None) -> dict
     champ = champion_dir(settings, rd)
     # `auto` inside a KubeRay job; a local head's own address (`auto` may resolve to another interface)
     address = info.address if info.backend == "local" else "auto"
-    job_settings = settings.model_copy(update={"ray": settings.ray.model_copy(update={"address": address})})
+    from tasks.stages.signals import with_production_tasks
+
+    job_settings = with_production_tasks(settings, rd)
+    job_settings = job_settings.model_copy(update={"ray": settings.ray.model_copy(update={"address": address})})
     settings_file = rd.write(job_settings.model_dump(mode="json"), "settings.json")
     # a local head runs jobs on this machine, with this interpreter; a KubeRay image has its own `python`
     args = ["python" if settings.ray.backend == "kuberay" else sys.executable, "-m", "tasks",

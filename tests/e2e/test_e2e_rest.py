@@ -45,6 +45,7 @@ def test_rest_asset_event_trains_promotes_and_leaves_no_ray_process(airflow_stac
     assert states["signals.skip"] == "skipped", states
     assert finished_run["signals"]["retrain"] is True and set(finished_run["greedy"]) == {"1", "2"}
     assert finished_run["links"]["mlflow_run"]
+    assert finished_run["signals"]["production_tasks"]["used"], finished_run["signals"]  # TINY's production_share
 
 
 def test_the_run_builds_its_engines_once(finished_run):

@@ -3,7 +3,8 @@
 The stack watches the desk MCP server (EVERGREEN_TOOL_SOURCE, tests/e2e/conftest.py) through the
 ToolChangeTrigger in the triggerer; the test rewrites the server's toolset file (v1 -> v2), the server
 announces notifications/tools/list_changed, the trigger diffs the new tools against the champion's and
-fires `tool_change`, and the DAG run it starts decides to train for that reason, on the watched tools.
+fires `tool_change`, and the DAG run it starts decides to train for that reason, on the watched tools as
+its first stage read them (pinned in its run dir: tasks/stages/rollouts.py pin_toolsets).
 The run is stopped once it has decided (its training is what test_e2e_rest already covers).
 """
 from __future__ import annotations
@@ -33,7 +34,7 @@ def test_a_breaking_change_of_the_served_tools_starts_a_run_that_trains_for_them
     assert run is not None, "no continuous_post_training run within 300 s of the tool change"
     assert run["run_type"] == "asset_triggered"
 
-    run_dir, decision, opened = airflow_stack.runs_root / DAG, None, None
+    run_dir, decision, opened, pinned = airflow_stack.runs_root / DAG, None, None, None
     while decision is None and time.time() < deadline + 300:  # the run's directory: run.json names its run id
         for path in run_dir.glob("*/run.json"):
             info = json.loads(path.read_text())
@@ -41,6 +42,7 @@ def test_a_breaking_change_of_the_served_tools_starts_a_run_that_trains_for_them
                 opened = info
                 if (path.parent / "should_train.json").exists():
                     decision = json.loads((path.parent / "should_train.json").read_text())
+                    pinned = json.loads((path.parent / "toolsets" / "target_toolset.json").read_text())
         time.sleep(2)
     try:
         assert decision is not None, f"the run started by the tool change did not decide (opened: {opened})"
@@ -49,5 +51,9 @@ def test_a_breaking_change_of_the_served_tools_starts_a_run_that_trains_for_them
         assert decision["train"] is True
         assert decision["reason"].startswith("tool change: ") and "calculator -> calculate" in decision["reason"]
         assert f"watched at mcp:{tool_server.url}" in decision["reason"]
+        # the run's stages read the served tools as the run's first stage read them (pinned in its run dir)
+        served = {t["function"]["name"] for t in json.loads((TOOLS / "registry_v2.json").read_text())["tools"]}
+        assert pinned["x-evergreen-source"] == f"mcp:{tool_server.url}"
+        assert {t["function"]["name"] for t in pinned["tools"]} == served
     finally:
         client.patch(f"/api/v2/dags/{DAG}/dagRuns/{run['dag_run_id']}", {"state": "failed"})

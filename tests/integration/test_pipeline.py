@@ -20,7 +20,8 @@ def test_the_command_line_demo_runs_the_stages_and_writes_their_artifacts(settin
     s = settings.model_copy(update={
         "run_dir": tmp_path / "demo",
         "bootstrap": settings.bootstrap.model_copy(update={"steps": 3, "batch_size": 8}),
-        "grpo": settings.grpo.model_copy(update={"steps": 2, "tasks_per_step": 4, "checkpoint_every": 1}),
+        "grpo": settings.grpo.model_copy(update={"steps": 2, "tasks_per_step": 4, "checkpoint_every": 1,
+                                                 "production_share": 0.5}),
         "rollout": settings.rollout.model_copy(update={"group_size": 2}),
         "simulate": settings.simulate.model_copy(update={"traces": 240}),
     })
@@ -55,6 +56,14 @@ def test_the_command_line_demo_runs_the_stages_and_writes_their_artifacts(settin
     assert {"validate_data", "probe_rollouts_0", "probe_rollouts_1", "grpo", "evaluate"} <= set(summary.timings)
     rd = runs[0].parent
     assert json.loads((rd / "should_train.json").read_text())["train"] is True
+    # tasks from the window's traces: round(0.5 * 3) = 2 of each step's 3 target tasks (4 with 1 guard)
+    production = json.loads((rd / "signals.json").read_text())["production_tasks"]
+    assert production["used"] and production["train"] > 0, production
+    trained = {json.loads(line)["task_id"] for f in (rd / "grpo" / "rollouts").glob("*/*.jsonl")
+               for line in f.read_text().splitlines()}
+    assert any(t.startswith("desk-prod-") for t in trained), sorted(trained)[:10]
+    held = {json.loads(line)["task_id"] for line in (rd / "production_tasks" / "eval.jsonl").read_text().splitlines()}
+    assert not trained & held
     assert (rd / "grpo" / "model" / "model.safetensors").exists()
     assert len((rd / "eval_challenger_v2.jsonl").read_text().splitlines()) == s.eval.num_tasks
     from tasks.rl.cluster import LocalHead, local_temp_dir

@@ -216,3 +216,51 @@ def test_environment_without_the_hook_is_a_clear_error(tmp_path):
         tasks_from_traces(tmp_path / "in.jsonl", f"{__name__}:no_hook_env", V2, tmp_path / "out")
     with pytest.raises(FileNotFoundError):
         tasks_from_traces(tmp_path / "missing", "desk", V2, tmp_path / "out")
+
+
+# ---------------------------------------------------------------- GRPO's batches draw from them
+
+def training_settings(out, share: float, **grpo):
+    from tasks.config import load_settings
+
+    return load_settings(environ={}, overrides={
+        "env": {"target_toolset": "2", "champion_toolset": "1"},
+        "grpo": {"tasks_per_step": 16, "guard_share": 0.25, "production_share": share,
+                 "production_tasks": str(out / "train.jsonl"), **grpo}})
+
+
+def test_training_batches_take_their_share_from_production_and_never_its_held_out_content(built):
+    from tasks.envs.desk import split_of
+    from tasks.rl.train import training_tasks
+
+    _, out = built
+    production = {t.task_id for t in read(out, "train")}
+    held_out = {content_of(t) for t in read(out, "eval")}
+    s = training_settings(out, 0.5)
+    for step in range(6):
+        batch = training_tasks(s, step)
+        target, guard = batch[:12], batch[12:]
+        assert sum(t.task_id in production for t in target) == 6  # round(0.5 * 12)
+        assert not any(t.task_id in production for t in guard)
+        # no task of the batch (production or generated) carries production's held-out content,
+        # nor the environment's own held-out content (the gate's)
+        assert not {content_of(t) for t in batch} & held_out, step
+        assert {split_of(t.family, t.data["solution"]) for t in batch} == {"train"}
+    assert [t.task_id for t in training_tasks(s, 3)] == [t.task_id for t in training_tasks(s, 3)]  # deterministic
+
+
+def test_without_a_share_the_batches_are_the_generated_ones(built):
+    from tasks.rl.train import training_tasks
+
+    _, out = built
+    plain = training_tasks(training_settings(out, 0.0), 2)
+    unset = training_tasks(training_settings(out, 0.5, production_tasks=None), 2)
+    assert [t.task_id for t in plain] == [t.task_id for t in unset]
+    assert not any(t.task_id.startswith("desk-prod-") for t in plain)
+
+
+def test_a_missing_production_file_says_what_to_set(tmp_path):
+    from tasks.rl.train import training_tasks
+
+    with pytest.raises(FileNotFoundError, match="production_share=0"):
+        training_tasks(training_settings(tmp_path / "nowhere", 0.5), 0)

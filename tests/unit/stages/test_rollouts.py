@@ -95,3 +95,35 @@ def test_engine_namespace_is_one_per_run(tmp_path):
     assert rollouts.engine_namespace(a) == rollouts.engine_namespace(_rd(settings, "manual__a"))
     assert rollouts.engine_namespace(a) != rollouts.engine_namespace(b)
     assert rollouts.engine_namespace(a).startswith("evergreen-engines-")
+
+
+def test_a_served_toolset_is_pinned_to_what_the_run_read_first(tmp_path):
+    """The tools change (a file a tool watch reads, rewritten) after the run's first stage: every later
+    stage still gets the first copy, under the same hash label, and the run's files keep their names."""
+    import shutil
+
+    from tasks.envs.toolset import load_toolset, shipped_toolset_path, toolset_label
+
+    served = tmp_path / "served.json"
+    shutil.copy(shipped_toolset_path("2", "desk"), served)
+    settings = _settings(tmp_path / "runs", target_toolset=str(served))
+    rd = _rd(settings)
+    label = toolset_label(served, "desk")
+    first = rollouts.pin_toolsets(settings, rd)
+    pinned = rd.path / "toolsets" / "target_toolset.json"
+    assert first.env.target_toolset == str(pinned) and first.env.champion_toolset == "1"  # shipped: as is
+    rollouts.build_tasks(first, rd, first.env.target_toolset)
+
+    shutil.copy(shipped_toolset_path("1", "desk"), served)  # the served tools change mid-run
+    later = rollouts.pin_toolsets(settings, rd)  # a later stage starts from the run's raw settings
+    assert later.env.target_toolset == str(pinned) and rollouts.pin_toolsets(later, rd) == later
+    assert load_toolset(pinned)["tools"] == load_toolset(shipped_toolset_path("2", "desk"))["tools"]
+    now = shutil.copy(served, tmp_path / "now.json")  # what is served now, at a path not labelled before
+    assert toolset_label(pinned, "desk") == label != toolset_label(now, "desk")
+    assert rollouts.load_tasks(rd, later.env.target_toolset, "desk")  # eval_<label>.jsonl found by name
+
+
+def test_an_unreadable_toolset_is_left_for_the_stage_that_needs_it(tmp_path, caplog):
+    settings = _settings(tmp_path / "runs", target_toolset="mcp:http://127.0.0.1:9/mcp")
+    assert rollouts.pin_toolsets(settings, _rd(settings)) == settings
+    assert "not pinned" in caplog.text
