@@ -11,7 +11,8 @@ run directory. The task id is the function's name, so the Airflow UI names the c
 A stage function takes `(settings, rd, ...)`; the operator fills, by name, whichever of these the
 function asks for:
   settings  the run's settings: pipeline.yaml, EVERGREEN_* variables, then the run's params
-            (PARAM_FIELDS below, and `overrides` {"section.field": value} for any field)
+            (tasks/run_params.py PARAM_FIELDS, and `overrides` {"section.field": value} for the fields a run may
+            change: tasks/run_params.py)
   rd        the run's directory (tasks.rundir.RunDir, from the DAG id and run id)
   trigger   why the run exists (trigger_of: schedule, asset events with their extra, a person; its params)
 then `op_kwargs` (XComArgs resolved), then, for a parameter named like one of the DAG's params (`force`,
@@ -27,32 +28,34 @@ from typing import Any
 
 from airflow.providers.standard.operators.python import BranchPythonOperator, PythonOperator
 
+from tasks.run_params import overrides_from_params  # no heavy import: DAG files import this module
+
 log = logging.getLogger(__name__)
-
-# DAG param -> setting; every other setting through the `overrides` param
-PARAM_FIELDS = {"target_toolset": "env.target_toolset", "grpo_steps": "grpo.steps", "eval_tasks": "eval.num_tasks",
-                "sft_steps": "bootstrap.steps", "max_cost_usd": "promotion.max_cost_usd"}
-
-
-def overrides_from_params(params: dict) -> dict[str, object]:
-    """{"section.field": value} from the run's params (unset params change nothing), typed as given."""
-    out: dict[str, object] = {}
-    for param, field in PARAM_FIELDS.items():
-        if params.get(param) not in (None, ""):
-            out[field] = params[param]
-    out.update(params.get("overrides") or {})
-    return out
 
 
 def settings_for(params: dict | None, trigger: dict | None = None):
-    """The run's settings: the file, EVERGREEN_* variables, then the run's params. A run started by a
-    breaking tool change (triggers/tool_change.py) trains for the watched tools unless a param names others."""
-    from tasks.config import load_settings, nest
+    """The run's settings: the file, EVERGREEN_* variables, then the run's params, where the deployment lets
+    a run's params change them (tasks/run_params.py; SettingsError names every refused field). A run started
+    by a breaking tool change (triggers/tool_change.py) trains for the watched tools unless a param names
+    others; an event naming a source this deployment does not watch is refused (anyone who may post an asset
+    event could otherwise point a run at a command or a file)."""
+    import os
+
+    from tasks.config import SettingsError, load_settings, nest
+    from tasks.run_params import check_overrides
     from tasks.stages.signals import tool_change_of
 
     overrides = overrides_from_params(dict(params or {}))
+    if overrides:
+        nest(overrides)  # a key that is no section.field is named as such first
+        check_overrides(overrides, load_settings())
     changed = tool_change_of(trigger or {})
     if changed and "env.target_toolset" not in overrides:
+        watched = os.environ.get("EVERGREEN_TOOL_SOURCE")
+        if changed["source"] != watched:
+            raise SettingsError(f"a tool_change event names the source {changed['source']!r}, but this deployment "
+                                f"watches {watched!r} (EVERGREEN_TOOL_SOURCE): only the deployment's tool watch "
+                                "may choose a served toolset")
         overrides["env.target_toolset"] = changed["source"]
     return load_settings(overrides=nest(overrides))
 
@@ -100,6 +103,9 @@ class StageOperator(PythonOperator):
         self._trigger = trigger_of(context)
         self._settings = settings_for(context["params"], self._trigger)
         self._rd = run_dir_of(context, self._settings)
+        from tasks.stages.rollouts import pin_toolsets
+
+        self._settings = pin_toolsets(self._settings, self._rd)  # the tools this run read first, for every stage
         log.info("stage %s.%s of %s (run dir %s)", self.python_callable.__module__, self.python_callable.__name__,
                  context["run_id"], self._rd.path)
         started = time.time()

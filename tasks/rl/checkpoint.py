@@ -1,8 +1,9 @@
 """Training checkpoints: safetensors weights, optimizer state, RNG states and the step, written atomically.
 
-Layout: `<dir>/step-000010/{model.safetensors, config.json, the tokenizer files, optimizer.pt, rng.pt,
-state.json}` (with `grpo.lora`: peft's adapter_model.safetensors and adapter_config.json instead of the
-weights; resume wraps the base first). A checkpoint is complete only once renamed into place, so a run killed mid-write resumes
+Layout: `<dir>/step-000010/{model.safetensors, config.json, the tokenizer files, optimizer.pt, rng.pt (torch's
+RNG), rng.json (Python's and numpy's), state.json}` (with `grpo.lora`: peft's adapter_model.safetensors and
+adapter_config.json instead of the weights; resume wraps the base first). Every .pt loads with
+weights_only=True: a checkpoint directory never gets arbitrary objects unpickled. A checkpoint is complete only once renamed into place, so a run killed mid-write resumes
 from the previous one. The newest `keep` checkpoints are kept.
 """
 from __future__ import annotations
@@ -27,8 +28,10 @@ def save_checkpoint(directory: str | Path, step: int, model, chat, optimizer, ex
     getattr(model, "module", model).save_pretrained(tmp, safe_serialization=True)
     chat.tokenizer.save_pretrained(tmp)
     torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-    torch.save({"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()},
-               tmp / "rng.pt")
+    # RNG states as a tensor and JSON: every file a resume reads loads with weights_only=True (no unpickling
+    # of arbitrary objects from a checkpoint directory)
+    torch.save({"torch": torch.get_rng_state()}, tmp / "rng.pt")
+    (tmp / "rng.json").write_text(json.dumps(rng_to_json()))
     (tmp / "state.json").write_text(json.dumps({"step": step, **(extra or {})}))
     if final.exists():
         shutil.rmtree(final)
@@ -62,9 +65,25 @@ def restore_checkpoint(path: str | Path, model, optimizer) -> dict:
     """Load weights, optimizer and RNG states in place; returns the saved state (with `step`)."""
     path = Path(path)
     restore_weights(path, model)
-    optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False))
-    rng = torch.load(path / "rng.pt", weights_only=False)
-    torch.set_rng_state(rng["torch"])
-    random.setstate(rng["python"])
-    np.random.set_state(rng["numpy"])
+    if not (path / "rng.json").exists():
+        raise ValueError(f"checkpoint {path} predates rng.json (its RNG state is pickled, which resume no longer "
+                         "unpickles): remove its checkpoints directory to train from the start")
+    optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
+    torch.set_rng_state(torch.load(path / "rng.pt", weights_only=True)["torch"])
+    rng_from_json(json.loads((path / "rng.json").read_text()))
     return json.loads((path / "state.json").read_text())
+
+
+def rng_to_json() -> dict:
+    """Python's and numpy's global RNG states as JSON (lists of ints), exactly restorable."""
+    version, internal, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    return {"python": [version, list(internal), gauss],
+            "numpy": [kind, keys.tolist(), int(pos), int(has_gauss), float(cached)]}
+
+
+def rng_from_json(state: dict) -> None:
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))

@@ -61,6 +61,48 @@ class LocalHead:
         return len(procs)
 
 
+def private_dir(path: Path) -> Path:
+    """`path` as a directory only this user may enter: created with mode 0700 (parents as needed), or, where
+    it exists, refused unless it is a real directory (no symlink), owned by this user, with no group or
+    other access. The run's head derives its temp dir from the run (local_temp_dir: a teardown must find it
+    without the setup's XCom), so the name is predictable: a directory someone else made first is refused,
+    never used (what mkdtemp's random name would otherwise guard)."""
+    import stat
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise PermissionError(f"{path} is not a private directory of this user (owner uid {st.st_uid}, mode "
+                              f"{oct(st.st_mode & 0o777)}, {'a directory' if stat.S_ISDIR(st.st_mode) else 'not a directory'}): "
+                              "remove it (someone else may have created it) and run again")
+    return path
+
+
+def private_file(path: Path) -> Path:
+    """Refuse a token file that is not ours or that others may read (PermissionError says which)."""
+    import stat
+
+    st = os.lstat(path)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise PermissionError(f"Ray token {path} must be a regular file of this user with mode 0600 (owner uid "
+                              f"{st.st_uid}, mode {oct(st.st_mode & 0o777)}): fix or remove it")
+    return path
+
+
+def new_token(path: Path) -> Path:
+    """A fresh random token at `path`, created exclusively with mode 0600 (never a file found there: a retried
+    setup's old token goes; the directory is private_dir's)."""
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_hex(32))
+    return path
+
+
 def start_local_head(temp_dir: str | Path, port: int = 6390, num_cpus: int | None = None,
                      dashboard_port: int | None = 8265, timeout: float = 60.0) -> LocalHead:
     """`ray start --head` bound to 127.0.0.1 with its own temp dir; returns once it accepts drivers."""
@@ -68,15 +110,16 @@ def start_local_head(temp_dir: str | Path, port: int = 6390, num_cpus: int | Non
     if len(temp_dir) > 40:
         raise ValueError(f"Ray temp dir {temp_dir!r} is too long: its unix sockets must stay under 107 characters; "
                          "use a short path such as /tmp/eg-ray-<run>")
-    Path(temp_dir).mkdir(parents=True, exist_ok=True)
+    private_dir(Path(temp_dir))
     # Ray 2.60 clusters require a token; this head gets its own, readable only by us. A process that
     # already holds one (RAY_AUTH_TOKEN_PATH) keeps it: Ray reads the token once, at import, so every head
     # this process drives must share it
     held = os.environ.get("RAY_AUTH_TOKEN_PATH") if os.environ.get("RAY_AUTH_MODE") == "token" else None
-    token_path = Path(held) if held and Path(held).exists() else Path(temp_dir) / "auth_token"
-    if not token_path.exists():
-        token_path.write_text(secrets.token_hex(32))
-        token_path.chmod(0o600)
+    if held and Path(held).exists():
+        token_path = Path(held)
+        private_file(token_path)
+    else:
+        token_path = new_token(Path(temp_dir) / "auth_token")
     auth_env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token_path)}
     ray_bin = shutil.which("ray", path=str(Path(sys.executable).parent)) or "ray"
     cmd = [ray_bin, "start", "--head", f"--port={port}", f"--temp-dir={temp_dir}", "--node-ip-address=127.0.0.1",

@@ -32,6 +32,8 @@ class DataVerdict(_Contract):
     rows: dict = {}
     data_validation: str = Field(description="passed | failed | no data")
     no_champion: bool = False
+    production_tasks: dict = Field({}, description="tasks from the window's traces: used (whether GRPO trains on "
+                                   "them), reason, train, eval, traces, unverifiable, path")
 
 
 class TrainingChoice(_Contract):
@@ -94,6 +96,7 @@ class SignalsDigest(BaseModel):
     data_validation: str | None = None
     drift: list[dict] = []
     tooldiff: dict = {}
+    production_tasks: dict = {}
 
 
 class RunSummary(_Contract):
@@ -101,6 +104,7 @@ class RunSummary(_Contract):
     dag_id: str
     run_id: str
     run_dir: str
+    overrides: dict = Field({}, description="settings the run's params changed: {section.field: value}")
     status: Literal["promoted", "not_promoted", "skipped", "failed"]
     started_at: str | None = None
     finished_at: str

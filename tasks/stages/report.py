@@ -33,12 +33,17 @@ def open_run(settings, rd, trigger: dict) -> dict:
     existing = rd.read("run.json")
     if existing:  # a retried task must not open a second MLflow run
         return existing
+    from tasks.run_params import overrides_from_params
+
     tracker = tracker_of(settings)
+    # what the run's params changed (tasks/run_params.py allowed it): a tag per field, and run.json for the page
+    overrides = overrides_from_params(trigger.get("params") or {})
     run_id = tracker.open_run(rd.dag_id, settings=settings, tags={
-        "airflow.dag_id": rd.dag_id, "airflow.run_id": rd.run_id, "evergreen.trigger": trigger.get("kind", "")})
+        "airflow.dag_id": rd.dag_id, "airflow.run_id": rd.run_id, "evergreen.trigger": trigger.get("kind", ""),
+        **{f"evergreen.override.{field}": json.dumps(value) for field, value in overrides.items()}})
     info = {"dag_id": rd.dag_id, "run_id": rd.run_id, "run_dir": str(rd.path), "mlflow_run_id": run_id,
             "mlflow_url": tracker.url_of(run_id), "started_at": datetime.now(timezone.utc).isoformat(),
-            "trigger": trigger}
+            "trigger": trigger, "overrides": overrides}
     rd.write(info, "run.json")
     log.info("run %s: MLflow run %s", rd.run_id, info["mlflow_url"])
     return info
@@ -82,9 +87,11 @@ def collect_summary(settings, rd):
     move = (promotion or {}).get("move") or {}
     return RunSummary(
         dag_id=rd.dag_id, run_id=rd.run_id, run_dir=str(rd.path), status=status, started_at=started,
+        overrides=run.get("overrides") or {},
         finished_at=now.isoformat(), trigger=run.get("trigger", {}), skip_reason=(skip or {}).get("reason"),
         signals=SignalsDigest(
             **{k: signals.get(k) for k in ("retrain", "summary", "window", "rows", "data_validation")},
+            production_tasks=signals.get("production_tasks") or {},
             reasons=signals.get("reasons", []),
             drift=[{k: t.get(k) for k in ("workload", "statistic", "effect", "p_adjusted", "significant", "verdict")}
                    for t in drift],
@@ -118,9 +125,14 @@ def format_summary(summary) -> str:
 
     lines = ["=" * 78, f"{summary.dag_id} {summary.run_id}: {summary.status.upper()}",
              f"  trigger: {summary.trigger.get('kind') or 'unknown'}"]
+    if summary.overrides:
+        lines.append("  changed by the run's params: " + ", ".join(f"{k}={v!r}" for k, v in summary.overrides.items()))
     sig = summary.signals
     if sig.window:
         lines.append(f"  signals {sig.window}: retrain={sig.retrain}; {str(sig.summary)[:150]}")
+    if prod := sig.production_tasks:
+        lines.append(f"  tasks from production: {prod.get('train', 0)} train, {prod.get('eval', 0)} held out"
+                     + (", trained on" if prod.get("used") else f"; not trained on: {prod.get('reason')}"))
     if summary.skip_reason:
         lines.append(f"  skipped: {summary.skip_reason}")
     for kind in ("greedy", "sampled"):

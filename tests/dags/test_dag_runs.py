@@ -30,7 +30,7 @@ TINY = {
     "EVERGREEN_GRPO__STEPS": "2", "EVERGREEN_GRPO__TASKS_PER_STEP": "4", "EVERGREEN_GRPO__CHECKPOINT_EVERY": "1",
     "EVERGREEN_ROLLOUT__GROUP_SIZE": "4", "EVERGREEN_ROLLOUT__NUM_WORKERS": "1", "EVERGREEN_EVAL__NUM_TASKS": "12", "EVERGREEN_EVAL__SAMPLES": "1",
     "EVERGREEN_PROMOTION__MIN_GAIN": "-0.99", "EVERGREEN_PROMOTION__GUARD_TOLERANCE": "0.99",
-    "EVERGREEN_PROMOTION__MIN_GAIN_PER_DOLLAR": "0",
+    "EVERGREEN_PROMOTION__MIN_GAIN_PER_DOLLAR": "0", "EVERGREEN_GRPO__PRODUCTION_SHARE": "0.5",
 }
 
 
@@ -126,11 +126,12 @@ def test_rollback_needs_confirm_and_moves_the_alias_back(dags):
     assert _aliases(dags.run_dir)["champion"] == "1"
 
 
-def test_a_run_without_new_data_takes_the_cheap_path(dags):
+def test_a_run_without_new_data_takes_the_cheap_path(dags, monkeypatch):
     _after(dags, "bootstrap")
     empty = dags.run_dir / "no-traces"
     empty.mkdir()
-    quiet = _run(dags.bag, "continuous_post_training", {"overrides": {"monitor.traces": str(empty)}})
+    monkeypatch.setenv("EVERGREEN_MONITOR__TRACES", str(empty))  # the deployment's setting: no run param moves it
+    quiet = _run(dags.bag, "continuous_post_training")
     states = _states(quiet)
     assert str(quiet.state) == "success", states
     assert states["signals.skip"] == "success" and states["toolsets"] == "skipped", states

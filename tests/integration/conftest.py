@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import os
-import secrets
 import socket
 import subprocess
 import sys
@@ -22,15 +21,13 @@ from pathlib import Path
 import pytest
 
 from tasks.net import free_port
+from tasks.rl.cluster import new_token, private_dir
 from tests.services import wait_for_http
 
 # Ray reads its auth mode and token when it is first imported, and an explicit cluster address never
 # turns token auth on by itself: give this test run's head a token before anything imports ray.
 RAY_TEMP_DIR = f"/tmp/eg-ray-{os.getpid()}"
-Path(RAY_TEMP_DIR).mkdir(parents=True, exist_ok=True)
-_token = Path(RAY_TEMP_DIR) / "auth_token"
-_token.write_text(secrets.token_hex(32))
-_token.chmod(0o600)
+_token = new_token(private_dir(Path(RAY_TEMP_DIR)) / "auth_token")  # as a run's head makes its own (no ray import)
 os.environ.update({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(_token)})
 
 

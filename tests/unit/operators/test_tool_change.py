@@ -4,6 +4,8 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
+
 from operators.stages import settings_for
 from tasks.stages.signals import tool_change_of
 from triggers.tool_change import ToolChangeTrigger
@@ -53,9 +55,14 @@ def test_fires_once_per_breaking_toolset_and_again_after_the_tools_came_back(tmp
                                                               "poll_interval": 0.1}
 
 
-def test_a_run_started_by_a_tool_change_trains_for_the_watched_tools_unless_a_param_says_otherwise():
+def test_a_run_started_by_a_tool_change_trains_for_the_watched_tools_unless_a_param_says_otherwise(monkeypatch):
+    from tasks.config import SettingsError
+
     trigger = {"asset_events": [{"extra": {"from_trigger": True, "payload": {
         "kind": "tool_change", "source": str(TOOLS / "registry_v2.json"), "summary": "tool change: ..."}}}]}
+    with pytest.raises(SettingsError, match="EVERGREEN_TOOL_SOURCE"):  # a source this deployment does not watch
+        settings_for({}, trigger)
+    monkeypatch.setenv("EVERGREEN_TOOL_SOURCE", str(TOOLS / "registry_v2.json"))
     assert tool_change_of(trigger)["source"].endswith("registry_v2.json")
     assert tool_change_of({"asset_events": [{"extra": {"retrain": True}}]}) is None
     assert settings_for({}, trigger).env.target_toolset == str(TOOLS / "registry_v2.json")

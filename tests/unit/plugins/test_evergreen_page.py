@@ -411,3 +411,11 @@ def test_each_run_shows_the_one_text_summary(client, four_runs, root):
     shown = re.search(r'<details class="text-summary">.*?<pre>(.*?)</pre>', card, re.S).group(1)
     path = root / "continuous_post_training" / "asset_3" / "summary.json"
     assert html.unescape(shown) == format_summary(RunSummary.model_validate_json(path.read_text()))
+
+
+def test_the_settings_a_runs_params_changed_are_shown(client, root):
+    _write(root, "tuned_1", _summary("manual__2026-12-03T09:00:00+00:00", "2026-12-03T09:00:00+00:00", "promoted",
+                                     overrides={"grpo.steps": 3, "promotion.min_gain": 0.2}))
+    card = re.search(r'<article class="run promoted".*?</article>', client.get("/").text, re.S).group(0)
+    assert "Settings changed by this run's params:" in card
+    assert "<code>grpo.steps=3</code>" in card and "<code>promotion.min_gain=0.2</code>" in card

@@ -50,7 +50,9 @@ def test_weights_optimizer_rng_and_step_round_trip(tmp_path):
 
     assert path == tmp_path / "step-000007"
     assert {"model.safetensors", "config.json", "tokenizer.json", "chat_template.jinja", "optimizer.pt", "rng.pt",
-            "state.json"} <= {p.name for p in path.iterdir()}
+            "rng.json", "state.json"} <= {p.name for p in path.iterdir()}
+    for pt in ("optimizer.pt", "rng.pt"):  # tensors and plain containers only: loadable without unpickling
+        torch.load(path / pt, weights_only=True)
 
     fresh, _, fresh_opt = _model(seed=1)  # other weights, an optimizer that has never stepped
     assert any(not torch.equal(fresh.state_dict()[k], v) for k, v in saved_weights.items())
@@ -129,3 +131,19 @@ def test_rotation_keeps_the_newest_and_the_protected_steps(tmp_path):
     assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-000005", "step-000015", "step-000020"]
     save_checkpoint(tmp_path, 25, model, tok, opt, keep=2)  # no longer protected: rotated away
     assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-000020", "step-000025"]
+
+
+def test_a_checkpoint_with_a_pickled_object_is_refused_not_unpickled(tmp_path):
+    model, tok, opt = _model()
+    path = save_checkpoint(tmp_path, 1, model, tok, opt)
+
+    class Payload:  # what a tampered checkpoint could carry: unpickling it would run its __reduce__
+        def __reduce__(self):
+            return (print, ("unpickled",))
+
+    torch.save({"torch": torch.get_rng_state(), "x": Payload()}, path / "rng.pt")
+    with pytest.raises(Exception, match="(?i)weights.only|unsupported"):
+        restore_checkpoint(path, _model(seed=1)[0], _model(seed=1)[2])
+    (path / "rng.json").unlink()  # written before rng.json: refused with what to do
+    with pytest.raises(ValueError, match="remove its checkpoints directory"):
+        restore_checkpoint(path, _model(seed=1)[0], _model(seed=1)[2])
