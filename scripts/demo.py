@@ -77,7 +77,9 @@ def main() -> int:
                               "rollback"])
         for dag_id in ("continuous_post_training", "bootstrap_champion", "simulate_production"):
             client.unpause(dag_id)  # the retrain watchers only fire for an unpaused consumer
-        print(f"Airflow UI {stack.api_url} (user {USER}, password {stack.password}); MLflow {stack.mlflow_url}", flush=True)
+        stack.password  # waits until the auth manager has written it
+        print(f"Airflow UI {stack.api_url} (user {USER}; password in {stack.password_file}); MLflow {stack.mlflow_url}",
+              flush=True)
 
         for dag_id in ("bootstrap_champion", "simulate_production"):
             t0 = time.time()

@@ -215,9 +215,15 @@ class Stack:
         return USER
 
     @property
+    def password_file(self) -> Path:
+        """Where the simple auth manager keeps the admin's generated password (printed instead of it: a
+        terminal or CI log is no place for a credential)."""
+        return self.airflow_home / "simple_auth_manager_passwords.json.generated"
+
+    @property
     def password(self) -> str:
         """The generated password of the admin user (the simple auth manager writes it at first start)."""
-        path = self.airflow_home / "simple_auth_manager_passwords.json.generated"
+        path = self.password_file
         deadline = time.time() + 60
         while not path.exists() and time.time() < deadline:
             time.sleep(1)
@@ -348,7 +354,8 @@ def main(argv: list[str] | None = None) -> int:
     client.wait_for_dags(["continuous_post_training", "drift_monitor", "bootstrap_champion", "rollback"])
     for dag_id in ("continuous_post_training", "drift_monitor", "bootstrap_champion", "rollback", "simulate_production"):
         client.unpause(dag_id)  # a watcher on a paused DAG misses its events
-    print(f"\nAirflow UI: {stack.api_url}  (user {USER}, password {stack.password})\n"
+    stack.password  # waits until the auth manager has written it
+    print(f"\nAirflow UI: {stack.api_url}  (user {USER}; password in {stack.password_file})\n"
           f"Evergreen page: {stack.api_url}/evergreen/\nMLflow UI: {stack.mlflow_url}\n"
           f"Ray dashboard (while a run holds a cluster): http://127.0.0.1:{stack.ray_dashboard_port}\n"
           "Ctrl-C stops everything.", flush=True)

@@ -36,7 +36,9 @@ def _overrides(pairs: list[str]) -> dict:
     for pair in pairs or []:
         key, sep, value = pair.partition("=")
         if not sep:
-            raise SystemExit(f"--set {pair!r}: expected SECTION.FIELD=VALUE, e.g. grpo.steps=5")
+            from tasks.config import SettingsError
+
+            raise SettingsError(f"--set {pair!r}: expected SECTION.FIELD=VALUE, e.g. grpo.steps=5")
         flat[key] = parse_value(value)
     return nest(flat)
 
@@ -90,6 +92,20 @@ def main(argv: list[str] | None = None) -> int:
     except SettingsError as e:
         print(e, file=sys.stderr)
         return 2
+
+    try:
+        return _command(args, settings)
+    except (SettingsError, ValueError, OSError) as e:
+        # bad input (a file that is no registry, a directory for a file, a value out of range): one line
+        # naming it, exit 2; -v shows where it was raised
+        if args.verbose:
+            raise
+        print(f"python -m tasks {args.command}: {e} (-v for the traceback)", file=sys.stderr)
+        return 2
+
+
+def _command(args, settings) -> int:
+    from tasks.signals import cli as signals_cli
 
     if args.command == "settings":
         print(settings.model_dump_json(indent=1))

@@ -148,6 +148,26 @@ class _Sources(BaseSettings, Settings):
         return init_settings, _Env(settings_cls, environ), YamlConfigSettingsSource(settings_cls, yaml_file=path)
 
 
+def _check_file(path: Path) -> None:
+    """A settings file that is no YAML mapping: SettingsError with the line (pydantic-settings' source would
+    raise a parser traceback, or read a directory as empty settings)."""
+    import yaml
+
+    if not path.is_file():
+        raise SettingsError(f"settings file {path} is not a file: give the YAML file (or {ENV_PREFIX}CONFIG)")
+    try:
+        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise SettingsError(f"settings file {path} is not UTF-8 text: give the YAML file") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise SettingsError(f"settings file {path} is not valid YAML{where}: {getattr(e, 'problem', None) or e}") from None
+    if doc is not None and not isinstance(doc, dict):
+        raise SettingsError(f"settings file {path}: the top level is a {type(doc).__name__}; it must map sections "
+                            "(grpo:, rollout:, ...) to their fields")
+
+
 def load_settings(path: str | Path | None = None, overrides: dict | None = None, environ=None) -> Settings:
     """The settings file (default include/config/pipeline.yaml, or $EVERGREEN_CONFIG), then EVERGREEN_*
     variables of `environ` (default os.environ; {} for none: a run's resolved settings file), then
@@ -155,6 +175,7 @@ def load_settings(path: str | Path | None = None, overrides: dict | None = None,
     path = Path(path or os.environ.get(ENV_PREFIX + "CONFIG", DEFAULT_CONFIG))
     if not path.exists():
         raise SettingsError(f"settings file {path} does not exist: fix the path (or {ENV_PREFIX}CONFIG)")
+    _check_file(path)
     token = _SOURCES.set((path, os.environ if environ is None else environ))
     try:
         return Settings.model_validate(dict(_Sources(**(overrides or {}))))

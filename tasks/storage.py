@@ -63,8 +63,14 @@ def list_files(uri: str | Path, suffixes: tuple[str, ...] = ()) -> list[str]:
         bucket, key = split_s3(uri)
         s3 = s3_client()
         out = []
-        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=key):
-            out += [f"s3://{bucket}/{o['Key']}" for o in page.get("Contents", [])]
+        try:
+            for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=key):
+                out += [f"s3://{bucket}/{o['Key']}" for o in page.get("Contents", [])]
+        except Exception as e:  # botocore's ClientError: named by its code (see s3_error)
+            mapped = s3_error(e, uri)
+            if mapped is e:
+                raise
+            raise mapped from None
     else:
         path = Path(uri)
         if path.is_file():
@@ -75,12 +81,33 @@ def list_files(uri: str | Path, suffixes: tuple[str, ...] = ()) -> list[str]:
     return sorted(u for u in out if not suffixes or u.endswith(suffixes))
 
 
+MISSING_CODES = {"NoSuchKey", "NoSuchBucket", "404", "NotFound"}
+DENIED_CODES = {"AccessDenied", "403", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken",
+                "InvalidToken", "AllAccessDisabled"}
+
+
+def s3_error(error: Exception, uri: str) -> Exception:
+    """What an S3 failure on `uri` is: FileNotFoundError for a missing key or bucket, PermissionError for
+    refused credentials, else the error itself (throttling, 5xx, a dropped connection: botocore has retried
+    them; a caller must not mistake them for "no data"). botocore's messages carry no credentials."""
+    code = str((getattr(error, "response", None) or {}).get("Error", {}).get("Code", ""))
+    if code in MISSING_CODES:
+        return FileNotFoundError(f"{uri}: not found ({code})")
+    if code in DENIED_CODES:
+        return PermissionError(f"{uri}: access denied ({code}): check the credentials (AWS_* or the Airflow "
+                               "connection) and the bucket's policy")
+    return error
+
+
 def _get_object(uri: str) -> dict:
     bucket, key = split_s3(uri)
     try:
         return s3_client().get_object(Bucket=bucket, Key=key)
-    except Exception as e:  # botocore's errors carry no credentials; re-raise with the object's name
-        raise FileNotFoundError(f"cannot read s3://{bucket}/{key}: {e}") from None
+    except Exception as e:
+        mapped = s3_error(e, f"s3://{bucket}/{key}")
+        if mapped is e:
+            raise
+        raise mapped from None
 
 
 def open_binary(uri: str | Path) -> BinaryIO:

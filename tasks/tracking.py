@@ -45,6 +45,31 @@ def flatten(d: dict, prefix: str = "", redacted: bool = True) -> dict[str, Any]:
     return out
 
 
+def credentials_to_environment(uri: str) -> str:
+    """`uri` without its user:password@, which go to MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD (where
+    those are not set already): MLflow authenticates from them, and the URI that ends up in run links,
+    run.json, logs and the page carries no credential."""
+    from urllib.parse import unquote, urlsplit
+
+    netloc = urlsplit(uri).netloc
+    if uri.startswith("http") and "@" in netloc:
+        user, _, password = netloc.rsplit("@", 1)[0].partition(":")
+        os.environ.setdefault("MLFLOW_TRACKING_USERNAME", unquote(user))
+        if password:
+            os.environ.setdefault("MLFLOW_TRACKING_PASSWORD", unquote(password))
+    return without_credentials(uri)
+
+
+def without_credentials(uri: str | None) -> str | None:
+    """An http(s) URI with its user:password@ removed (other URIs as they are). Pure."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    if not uri or not uri.startswith("http"):
+        return uri
+    parts = urlsplit(uri)
+    return urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[-1]))
+
+
 def fail_fast() -> None:
     """A down server should fail the step within a minute (MLflow's defaults retry for minutes);
     explicit MLFLOW_HTTP_REQUEST_* variables win."""
@@ -63,7 +88,7 @@ class Tracker:
 
         self.mlflow = mlflow
         if tracking_uri:
-            mlflow.set_tracking_uri(tracking_uri)
+            mlflow.set_tracking_uri(credentials_to_environment(tracking_uri))
         self.tracking_uri = mlflow.get_tracking_uri()
         if artifact_location is not None and mlflow.get_experiment_by_name(experiment) is None:
             # a server-less store would put artifacts in ./mlruns of whatever directory we run in

@@ -66,6 +66,13 @@ def run(args, settings) -> int:
     from tasks.data.validation import BatchValidationError
     from tasks.signals.traces import Window
 
+    # the option a command writes a directory to: an existing file there is a mistake, said before any work
+    name = {"ingest": "output", "monitor": "output", "simulate": "out"}.get(args.command)
+    if name:
+        target = getattr(args, name, None)
+        if target and not str(target).startswith("s3://") and Path(target).exists() and not Path(target).is_dir():
+            print(f"error: --{name} {target} is a file; give a directory (it is created if missing)", file=sys.stderr)
+            return 2
     try:
         if args.command == "ingest":
             from tasks.signals.ingest import ingest
@@ -101,7 +108,7 @@ def run(args, settings) -> int:
             print(json.dumps(summary))
         print(f"error: {e}", file=sys.stderr)
         return 1
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, OSError) as e:  # a missing or unreadable input, a directory for a file, bad content
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0

@@ -46,12 +46,16 @@ def _traces(settings, out: Path, win) -> str:
 
 
 def _has_traces(source: str, window) -> bool:
+    """Whether the window has trace files. A source that does not exist (a typo in monitor.traces, a missing
+    bucket) raises, naming the setting: only an existing source with nothing in the window is "no data".
+    Refused credentials and S3 outages raise as they are (tasks.storage.s3_error)."""
     from tasks.signals.traces import select_files
 
     try:
         return bool(select_files(source, window))
-    except FileNotFoundError:
-        return False
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f"monitor.traces={source}: {e}; fix the setting (pipeline.yaml or "
+                                "EVERGREEN_MONITOR__TRACES), or create the directory if traces have yet to land") from None
 
 
 def validate_data(settings, rd, window: str | None = None) -> dict:

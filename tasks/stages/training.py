@@ -32,7 +32,12 @@ def grpo_command(settings, rd, fail_training_at_step: int | None = None) -> dict
     from tasks.stages.signals import with_production_tasks
 
     job_settings = with_production_tasks(settings, rd)
-    job_settings = job_settings.model_copy(update={"ray": settings.ray.model_copy(update={"address": address})})
+    from tasks.tracking import without_credentials
+
+    # the job trains and logs nothing to MLflow: its settings file (on disk, in the run dir) carries no credential
+    job_settings = job_settings.model_copy(update={
+        "ray": settings.ray.model_copy(update={"address": address}),
+        "tracking": settings.tracking.model_copy(update={"uri": without_credentials(settings.tracking.uri)})})
     settings_file = rd.write(job_settings.model_dump(mode="json"), "settings.json")
     # a local head runs jobs on this machine, with this interpreter; a KubeRay image has its own `python`
     args = ["python" if settings.ray.backend == "kuberay" else sys.executable, "-m", "tasks",

@@ -1,24 +1,45 @@
 """`python -m tasks demo` end to end with tiny budgets: the DAGs' stage functions in one process (bootstrap,
 simulated production, the monitor's check, signals, a local Ray head, probes, the GRPO job, evals, cost,
-gate, model registry, summary), run as a user runs it."""
+gate, model registry, summary), run as a user runs it, against an MLflow server whose tracking URI carries
+credentials: none of them may appear in the output, the run's files, or what MLflow keeps (params, tags,
+artifacts)."""
 from __future__ import annotations
 
 import json
 import os
+import secrets
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 pytestmark = pytest.mark.integration
 
 
-def test_the_command_line_demo_runs_the_stages_and_writes_their_artifacts(settings, tmp_path):
+def _leaks(secret: str, texts: dict[str, str], roots: list[Path], s3, buckets: list[str]) -> list[str]:
+    """Where `secret` appears: in `texts`, in any file under `roots`, in any object of `buckets`."""
+    needle = secret.encode()
+    found = [name for name, text in texts.items() if secret in text]
+    found += [str(f) for root in roots for f in root.rglob("*") if f.is_file() and needle in f.read_bytes()]
+    for bucket in buckets:
+        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket):
+            found += [f"s3://{bucket}/{o['Key']}" for o in page.get("Contents", [])
+                      if needle in s3.get_object(Bucket=bucket, Key=o["Key"])["Body"].read()]
+    return found
+
+
+def test_the_command_line_demo_runs_the_stages_and_writes_their_artifacts(settings, tmp_path, mlflow_server, s3):
     from tasks.config import PROJECT_ROOT
     from tasks.stages.contracts import RunSummary
 
+    secret = f"grep-me-{secrets.token_hex(8)}"
+    tag = secrets.token_hex(4)  # the session's MLflow server is shared: this run's own experiment and model
     s = settings.model_copy(update={
         "run_dir": tmp_path / "demo",
+        "tracking": settings.tracking.model_copy(update={
+            "uri": mlflow_server.uri.replace("http://", f"http://evergreen:{secret}@"), "experiment": f"cli-{tag}"}),
+        "promotion": settings.promotion.model_copy(update={"model_name": f"cli-agent-{tag}"}),
         "bootstrap": settings.bootstrap.model_copy(update={"steps": 3, "batch_size": 8}),
         "grpo": settings.grpo.model_copy(update={"steps": 2, "tasks_per_step": 4, "checkpoint_every": 1,
                                                  "production_share": 0.5}),
@@ -71,7 +92,15 @@ def test_the_command_line_demo_runs_the_stages_and_writes_their_artifacts(settin
     assert LocalHead("", local_temp_dir(f"continuous_post_training/{summary.run_id}"), None, {}).pids() == []
     import mlflow
 
-    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'demo' / 'mlflow.db'}")
+    client = mlflow.MlflowClient(tracking_uri=mlflow_server.uri)
     runs = client.search_runs([client.get_experiment_by_name(s.tracking.experiment).experiment_id])
     stages = sorted(r.data.tags.get("evergreen.stage", "") for r in runs)
     assert stages == ["", "", "bootstrap", "evals", "promotion", "signals", "training"], stages
+    assert summary.links["mlflow_run"].startswith(mlflow_server.uri + "/#/experiments/")
+
+    # the credentials: nowhere in the output, the run's files, MLflow's store (params, tags) or its artifacts
+    texts = {"stdout": proc.stdout, "stderr": proc.stderr, "server log": mlflow_server.log_path.read_text()}
+    texts |= {f"{r.info.run_id} params/tags": json.dumps([r.data.params, r.data.tags]) for r in runs}
+    for credential in (secret, s3.secret_for_tests):
+        assert _leaks(credential, texts, [tmp_path / "demo", mlflow_server.log_path.parent], s3,
+                      ["mlflow-artifacts"]) == [], credential

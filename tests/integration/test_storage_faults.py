@@ -117,3 +117,17 @@ def test_an_object_changed_behind_our_back_is_refused_on_read(s3):
     s3.put_object(Bucket="checked", Key="report.json", Body=b'{"drifted": false}', Metadata=head["Metadata"])
     with pytest.raises(ChecksumError, match="s3://checked/report.json"):
         storage.read_bytes("s3://checked/report.json")
+
+
+def test_a_model_object_key_with_dotdot_cannot_write_outside_the_download_dir(s3, tmp_path):
+    from tasks import storage
+    from tasks.policy.model import resolve_model_dir
+
+    s3.create_bucket(Bucket="models")
+    storage.write_bytes("s3://models/m/config.json", b"{}")
+    # S3 keys are strings: "m/../../escape.txt" is a valid key under the prefix "m/"
+    s3.put_object(Bucket="models", Key="m/../../escape.txt", Body=b"owned")
+    dest = tmp_path / "deep" / "dl"
+    with pytest.raises(ValueError, match="outside"):
+        resolve_model_dir("s3://models/m", cache_dir=dest)
+    assert not (tmp_path / "escape.txt").exists() and not (tmp_path / "deep" / "escape.txt").exists()

@@ -67,3 +67,36 @@ def test_atomic_write_leaves_no_temporary_file_when_it_fails(tmp_path):
         f.write(b"half")
         raise RuntimeError("crash mid-write")
     assert target.read_text() == "old" and sorted(p.name for p in target.parent.iterdir()) == ["f.json"]
+
+
+def test_a_missing_trace_source_is_an_error_naming_the_setting_and_an_empty_one_is_no_data(tmp_path):
+    import pytest
+
+    from tasks.signals.traces import Window
+    from tasks.stages.signals import _has_traces
+
+    window = Window.parse("2026-12-05")
+    with pytest.raises(FileNotFoundError, match="monitor.traces=.*EVERGREEN_MONITOR__TRACES"):
+        _has_traces(str(tmp_path / "prodution-typo"), window)
+    (tmp_path / "empty").mkdir()
+    assert _has_traces(str(tmp_path / "empty"), window) is False
+
+
+def test_s3_failures_keep_their_meaning():
+    import pytest
+    from botocore.exceptions import ClientError
+
+    from tasks.storage import s3_error
+
+    def failure(code: str) -> ClientError:
+        return ClientError({"Error": {"Code": code, "Message": code}}, "ListObjectsV2")
+
+    assert isinstance(s3_error(failure("NoSuchBucket"), "s3://b/p"), FileNotFoundError)
+    assert isinstance(s3_error(failure("NoSuchKey"), "s3://b/k"), FileNotFoundError)
+    denied = s3_error(failure("AccessDenied"), "s3://b/p")
+    assert isinstance(denied, PermissionError) and "credentials" in str(denied)
+    for code in ("SlowDown", "InternalError", "ServiceUnavailable"):  # not "no data": raised as they are
+        error = failure(code)
+        assert s3_error(error, "s3://b/p") is error
+    with pytest.raises(FileNotFoundError):
+        raise s3_error(failure("404"), "s3://b/k")
