@@ -276,6 +276,10 @@ class Stack:
             cmd = [str(bin_dir / "airflow"), component]
             if component == "api-server":
                 cmd += ["--host", "127.0.0.1", "--port", str(self.api_port)]
+            elif component in ("scheduler", "triggerer"):
+                # serve-logs (0.0.0.0:8793/8794) is for a log reader on another machine; the LocalExecutor's
+                # task logs and the triggerer's are files the api-server reads here
+                cmd += ["--skip-serve-logs"]
             self._spawn(component, cmd)
         self._wait_http("mlflow", f"{self.mlflow_url}/health", 120)
         self._wait_http("api-server", f"{self.api_url}/api/v2/monitor/health", 180)
@@ -316,18 +320,37 @@ class Stack:
         processes start their own sessions and outlive the scheduler (an interrupted demo once left a
         bootstrap training for 79 minutes), and the Ray head a task starts is theirs. They all carry
         EVERGREEN_STACK=<this home> in their environment."""
+        strays = self.processes()
+        end_processes(strays, grace)
+        return len(strays)
+
+    def processes(self) -> list:
+        """Every process the stack started, at any depth (its services, their task processes, the Ray heads
+        and engines those start): they carry EVERGREEN_STACK=<this home>. psutil.Process objects."""
         import psutil
 
         mine = {os.getpid(), *(p.pid for p in psutil.Process().parents())}
-        strays = []
+        found = []
         for proc in psutil.process_iter():
             try:
                 if proc.pid not in mine and proc.environ().get("EVERGREEN_STACK") == str(self.home):
-                    strays.append(proc)
+                    found.append(proc)
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 continue
-        end_processes(strays, grace)
-        return len(strays)
+        return found
+
+    def listening(self) -> list[tuple[int, str, str, int]]:
+        """(pid, process name, address, port) of every listening TCP socket of the stack's processes."""
+        import psutil
+
+        out = []
+        for proc in self.processes():
+            try:
+                out += [(proc.pid, proc.name(), c.laddr.ip, c.laddr.port) for c in proc.net_connections(kind="inet")
+                        if c.status == psutil.CONN_LISTEN]
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                continue
+        return out
 
     def __enter__(self) -> "Stack":
         try:

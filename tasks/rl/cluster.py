@@ -34,14 +34,21 @@ class LocalHead:
     env: dict  # what a driver needs in its environment to connect (the head's auth token)
 
     def pids(self) -> list[int]:
+        """This head's processes: those naming its temp dir on their command line, and Ray's processes
+        that name it nowhere but write their logs there (the dashboard and runtime-env agents retitle
+        themselves `ray::…`, the client server gets only the address): missed, they outlived teardowns."""
         import psutil
 
         out = []
-        for p in psutil.process_iter(["pid", "cmdline"]):
+        for p in psutil.process_iter(["pid", "cmdline", "name"]):
             try:
-                if any(self.temp_dir in part for part in (p.info["cmdline"] or [])):
+                cmdline = p.info["cmdline"] or []
+                if any(self.temp_dir in part for part in cmdline):
                     out.append(p.info["pid"])
-            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                elif (str(p.info["name"]).startswith(("ray::", "ray-")) or any("ray" in part for part in cmdline[:3])) \
+                        and any(f.path.startswith(self.temp_dir + "/") for f in p.open_files()):
+                    out.append(p.info["pid"])
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 continue
         return [p for p in out if p != os.getpid()]
 
@@ -61,12 +68,14 @@ class LocalHead:
         return len(procs)
 
 
-def private_dir(path: Path) -> Path:
-    """`path` as a directory only this user may enter: created with mode 0700 (parents as needed), or, where
-    it exists, refused unless it is a real directory (no symlink), owned by this user, with no group or
-    other access. The run's head derives its temp dir from the run (local_temp_dir: a teardown must find it
-    without the setup's XCom), so the name is predictable: a directory someone else made first is refused,
-    never used (what mkdtemp's random name would otherwise guard)."""
+def private_dir(path: Path, shared_mode: bool = False) -> Path:
+    """`path` as a directory of this user: created with mode 0700 (parents as needed), or, where it exists,
+    refused unless it is a real directory (no symlink) owned by this user and, unless `shared_mode`, with no
+    group or other access. The run's head derives its temp dir from the run (local_temp_dir: a teardown
+    must find it without the setup's XCom), so the name is predictable: a directory someone else made
+    first is refused, never used (what mkdtemp's random name would otherwise guard). `shared_mode` is for
+    Ray's temp dir, which `ray start` itself opens to mode 0777; the token lives beside it, in a strictly
+    private directory (token_dir)."""
     import stat
 
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -75,7 +84,7 @@ def private_dir(path: Path) -> Path:
     except FileExistsError:
         pass
     st = os.lstat(path)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or (st.st_mode & 0o077 and not shared_mode):
         raise PermissionError(f"{path} is not a private directory of this user (owner uid {st.st_uid}, mode "
                               f"{oct(st.st_mode & 0o777)}, {'a directory' if stat.S_ISDIR(st.st_mode) else 'not a directory'}): "
                               "remove it (someone else may have created it) and run again")
@@ -91,6 +100,12 @@ def private_file(path: Path) -> Path:
         raise PermissionError(f"Ray token {path} must be a regular file of this user with mode 0600 (owner uid "
                               f"{st.st_uid}, mode {oct(st.st_mode & 0o777)}): fix or remove it")
     return path
+
+
+def token_dir(temp_dir: str | Path) -> Path:
+    """Where the head of `temp_dir` keeps its auth token: beside Ray's temp dir (which Ray makes 0777), in
+    a directory only this user may enter."""
+    return Path(f"{temp_dir}.auth")
 
 
 def new_token(path: Path) -> Path:
@@ -110,7 +125,7 @@ def start_local_head(temp_dir: str | Path, port: int = 6390, num_cpus: int | Non
     if len(temp_dir) > 40:
         raise ValueError(f"Ray temp dir {temp_dir!r} is too long: its unix sockets must stay under 107 characters; "
                          "use a short path such as /tmp/eg-ray-<run>")
-    private_dir(Path(temp_dir))
+    private_dir(Path(temp_dir), shared_mode=True)
     # Ray 2.60 clusters require a token; this head gets its own, readable only by us. A process that
     # already holds one (RAY_AUTH_TOKEN_PATH) keeps it: Ray reads the token once, at import, so every head
     # this process drives must share it
@@ -119,8 +134,12 @@ def start_local_head(temp_dir: str | Path, port: int = 6390, num_cpus: int | Non
         token_path = Path(held)
         private_file(token_path)
     else:
-        token_path = new_token(Path(temp_dir) / "auth_token")
-    auth_env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token_path)}
+        token_path = new_token(private_dir(token_dir(temp_dir)) / "auth_token")
+    # Ray resolves 127.0.0.1 to the machine's routable address (services.resolve_ip_for_localhost) unless it
+    # believes clusters are off (its macOS/Windows switch): then every component of a local head (GCS,
+    # raylet, agents, client server, workers) binds loopback. Drivers and jobs get it too (head.env)
+    auth_env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token_path),
+                "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
     ray_bin = shutil.which("ray", path=str(Path(sys.executable).parent)) or "ray"
     cmd = [ray_bin, "start", "--head", f"--port={port}", f"--temp-dir={temp_dir}", "--node-ip-address=127.0.0.1",
            f"--num-cpus={num_cpus or os.cpu_count()}", "--disable-usage-stats"]

@@ -5,6 +5,7 @@ failure fails the run, still tears the Ray cluster down, and says why in the tas
 """
 from __future__ import annotations
 
+import ipaddress
 import json
 import time
 
@@ -57,10 +58,23 @@ def test_the_run_builds_its_engines_once(finished_run):
     assert timings["probe_rollouts_1"]["engine_pids"] != timings["probe_rollouts_0"]["engine_pids"]
 
 
+def _exposed(stack) -> list[tuple]:
+    return [s for s in stack.listening() if not ipaddress.ip_address(s[2].removeprefix("::ffff:")).is_loopback]
+
+
 def test_injected_training_failure_tears_down_and_says_why(airflow_stack, finished_run):
+    """Also: while the run holds its cluster, no process the stack started (Airflow's services, MLflow, the
+    run's Ray head, agents, client server, engines, trainer) listens beyond loopback."""
     client = airflow_stack.client()
     run_id = client.trigger(DAG, {"force": True, "fail_training_at_step": 1})
-    run = client.wait_for_run(DAG, run_id, timeout=1200)
+    seen, deadline = set(), time.time() + 1200
+    while (run := client.get(f"/api/v2/dags/{DAG}/dagRuns/{run_id}"))["state"] not in ("success", "failed"):
+        assert time.time() < deadline, f"run {run_id} still {run['state']} after 1200 s"
+        sockets = airflow_stack.listening()
+        assert sockets and _exposed(airflow_stack) == [], _exposed(airflow_stack)
+        seen |= {name for _, name, _, _ in sockets}
+        time.sleep(3)
+    assert {"raylet", "gcs_server"} <= seen and "ray::DashboardAgent" in seen, seen  # the run's cluster was seen
     states = _states(client, run_id)
     assert run["state"] == "failed", states
     assert states["grpo_update"] == "failed", states
