@@ -13,6 +13,7 @@ from __future__ import annotations
 from airflow.sdk import Param
 
 from operators.defaults import evergreen_dag
+from operators.pools import REGISTRY_POOL
 from operators.stages import StageOperator
 from tasks.stages import models
 
@@ -27,7 +28,7 @@ from tasks.stages import models
     },
 )
 def bootstrap_champion():
-    StageOperator(python_callable=models.bootstrap)
+    StageOperator(python_callable=models.bootstrap, pool=REGISTRY_POOL)
 
 
 bootstrap_champion()

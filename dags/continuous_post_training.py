@@ -33,6 +33,7 @@ from operators.assets import RETRAIN_REQUEST, retrain_file_drop, retrain_queue, 
 from operators.defaults import evergreen_dag, job_timeout
 from operators.ray_cluster import RayClusterOperator
 from operators.ray_job import RayJobOperator
+from operators.pools import REGISTRY_POOL
 from operators.stages import StageBranchOperator, StageOperator
 from tasks.stages import evaluation, promotion, report, rollouts, signals, training
 
@@ -87,7 +88,8 @@ def continuous_post_training():
     evals = StageOperator(python_callable=evaluation.evaluate)
     trained >> evals
     (evals >> StageOperator(python_callable=evaluation.validate_evals) >> StageOperator(python_callable=promotion.cost)
-     >> StageOperator(python_callable=promotion.gate) >> StageOperator(python_callable=promotion.move_aliases)
+     >> StageOperator(python_callable=promotion.gate)
+     >> StageOperator(python_callable=promotion.move_aliases, pool=REGISTRY_POOL)  # one alias move at a time
      >> teardown.as_teardown(setups=setup))
     # not downstream of the branch itself: a branch skips its direct downstream tasks it did not choose
     [teardown, skipped] >> StageOperator(python_callable=report.summarize, trigger_rule="all_done", retries=0)

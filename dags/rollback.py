@@ -9,6 +9,7 @@ from __future__ import annotations
 from airflow.sdk import Param
 
 from operators.defaults import evergreen_dag
+from operators.pools import REGISTRY_POOL
 from operators.stages import StageOperator
 from tasks.stages import promotion
 
@@ -23,7 +24,7 @@ from tasks.stages import promotion
 )
 def rollback():
     # retries are safe: the move is journalled per run (tasks.promotion.registry)
-    StageOperator(python_callable=promotion.rollback)
+    StageOperator(python_callable=promotion.rollback, pool=REGISTRY_POOL)
 
 
 rollback()

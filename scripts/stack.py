@@ -272,6 +272,13 @@ class Stack:
                                  capture_output=True, text=True)
         if migrate.returncode != 0:
             raise RuntimeError(f"airflow db migrate failed:\n{migrate.stdout[-2000:]}\n{migrate.stderr[-3000:]}")
+        from operators.pools import REGISTRY_POOL
+
+        pool = subprocess.run([str(bin_dir / "airflow"), "pools", "set", REGISTRY_POOL, "1",
+                               "alias moves of the model registry, one at a time"], env=self.env(), cwd=PROJECT,
+                              capture_output=True, text=True)
+        if pool.returncode != 0:
+            raise RuntimeError(f"airflow pools set {REGISTRY_POOL} failed:\n{pool.stderr[-3000:]}")
         for component in ("api-server", "scheduler", "dag-processor", "triggerer"):
             cmd = [str(bin_dir / "airflow"), component]
             if component == "api-server":

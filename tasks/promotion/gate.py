@@ -165,3 +165,16 @@ def decide(target: dict, guards: dict[str, dict], validations: dict[str, bool], 
                f"total ${total:.2f}; {len(checks) - len(failed)}/{len(checks)} checks passed"
                + ("" if promote else f"; failed: {', '.join(c['name'] for c in failed)}"))
     return Decision(promote=promote, checks=checks, reasons=reasons, summary=summary)
+
+
+def champion_unchanged(decision: Decision, measured_against: str | None, current: str | None) -> Decision:
+    """The decision, held where the champion alias moved since the challenger was measured against
+    `measured_against` (another run promoted, or a rollback): the gain was against a model no longer
+    serving. Pure; a decision that does not promote, or a champion that has not moved, comes back as it is."""
+    if not decision.promote or measured_against is None or current == measured_against:
+        return decision
+    reason = (f"the champion moved from version {measured_against} to {current} since this run measured its "
+              f"challenger against {measured_against}: not promoted; run again to compare with the new champion")
+    check = _check("champion_unchanged", False, current, measured_against, "version", reason)
+    return Decision(promote=False, checks=[*decision.checks, check], reasons=[reason],
+                    summary=decision.summary.replace("PROMOTE", "HOLD", 1) + "; failed: champion_unchanged")

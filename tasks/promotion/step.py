@@ -39,10 +39,13 @@ def judge(settings, comparisons: dict[str, dict], validations: dict[str, bool], 
 
 
 def apply_decision(settings, decision, cost: dict, comparisons: dict[str, dict], run_id: str, run_key: str,
-                   tracker=None, version_tags: dict | None = None) -> dict:
+                   tracker=None, version_tags: dict | None = None, champion_version: str | None = None) -> dict:
     """Register the run's `model` artifact (once per run_key), make it `challenger`, then move the aliases
-    or record why not."""
-    from tasks.promotion.registry import ModelRegistry
+    or record why not. `champion_version`: the champion the challenger was measured against; where the
+    alias has moved since, the decision is held (gate.champion_unchanged). The DAG's alias moves share one
+    Airflow pool slot (operators/pools.py), so nothing moves it between this check and the move."""
+    from tasks.promotion.gate import champion_unchanged
+    from tasks.promotion.registry import CHAMPION, ModelRegistry
     from tasks.signals.toolset_hash import schema_hash
 
     target_reg = settings.env.target_toolset
@@ -57,6 +60,7 @@ def apply_decision(settings, decision, cost: dict, comparisons: dict[str, dict],
         "evergreen.cost_usd": f"{cost['total_usd']:.6f}", **(version_tags or {})})
     if not registry.moved_for(run_key):  # a retried step after the move must not re-point the challenger
         registry.set_challenger(version)
+        decision = champion_unchanged(decision, champion_version, registry.version_of(CHAMPION))
     if decision.promote:
         move = registry.promote(version, run_key=run_key, decision=decision.to_dict())
     else:

@@ -8,11 +8,14 @@
 """
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 import tempfile
 import time
 from pathlib import Path
+
+from tasks.storage import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -35,12 +38,18 @@ def fetch_champion(settings, dest: Path) -> Path:
     scratch = Path(tempfile.mkdtemp(prefix=".champion-", dir=dest.parent))
     try:
         try:
-            got = resolve_model_dir(uri, cache_dir=scratch)
+            # the alias's version, then that version by number: an alias moved meanwhile cannot mix two models,
+            # and the gate learns which champion the challenger was measured against (<dest>.json)
+            from mlflow import MlflowClient
+
+            version = str(MlflowClient().get_model_version_by_alias(settings.promotion.model_name, "champion").version)
+            got = resolve_model_dir(f"models:/{settings.promotion.model_name}/{version}", cache_dir=scratch)
         except Exception as e:  # noqa: BLE001 - MLflow raises several types for a missing alias
             raise RuntimeError(f"no champion in the MLflow registry ({uri}): run the bootstrap_champion DAG first "
                                f"({type(e).__name__}: {e})") from e
         try:
             got.rename(dest)
+            write_atomic(dest.with_name(dest.name + ".json"), json.dumps({"version": version, "uri": uri}))
         except OSError:
             if not (dest / "config.json").exists():
                 raise

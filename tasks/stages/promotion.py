@@ -71,7 +71,8 @@ def move_aliases(settings, rd) -> dict:
         result = apply_decision(settings, decision, rd.read("cost.json"), _chosen(settings, rd),
                                 rd.read("run.json")["mlflow_run_id"], rd.run_id, tracker=tracker_of(settings),
                                 version_tags={"evergreen.policy_version": str(challenger_version(rd)),
-                                              "airflow.run_id": rd.run_id})
+                                              "airflow.run_id": rd.run_id},
+                                champion_version=(rd.read("champion.json") or {}).get("version"))
     rd.write(result, "promotion.json")
     return {"version": result["version"], "aliases": result["aliases"], "promoted": decision.promote}
 

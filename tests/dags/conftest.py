@@ -40,4 +40,9 @@ def airflow_db():
     proc = subprocess.run([str(Path(sys.executable).with_name("airflow")), "db", "migrate"], env=os.environ.copy(),
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    from operators.pools import REGISTRY_POOL
+
+    pool = subprocess.run([str(Path(sys.executable).with_name("airflow")), "pools", "set", REGISTRY_POOL, "1", "tests"],
+                          env=os.environ.copy(), capture_output=True, text=True)
+    assert pool.returncode == 0, pool.stderr[-3000:]
     return AIRFLOW_HOME

@@ -289,3 +289,38 @@ def test_promotion_step_decides_logs_and_moves(mlflow_server, model_dirs, gain, 
     logged = registry.client.get_run(run.info.run_id)
     assert logged.data.tags["evergreen.decision"] == ("promoted" if promoted else "not_promoted")
     assert "cost.run_usd" in logged.data.metrics
+
+
+def test_a_challenger_is_not_promoted_over_a_champion_that_moved_since_it_was_measured(mlflow_server, model_dirs):
+    """Run A measured its challenger against version 1; meanwhile run B promoted version 2. A's winning
+    decision is held with the reason, and the aliases stay as B left them."""
+    from tasks.config import load_settings
+    from tasks.promotion.cost import StageUsage
+    from tasks.promotion.registry import ModelRegistry
+    from tasks.promotion.step import apply_decision, judge, price_run
+    from tasks.tracking import Tracker
+
+    name = f"{NAME}-moved"
+    settings = load_settings(environ={}, overrides={"promotion": {"model_name": name}})
+    tracker = Tracker(mlflow_server.uri, experiment="evergreen-it")
+    registry = ModelRegistry(name)
+    runs = {}
+    for key, model in (("boot", "1"), ("run-b", "2"), ("run-a", "2")):
+        with tracker.pipeline_run(key) as run:
+            tracker.log_artifacts(model_dirs[model], "model")
+            runs[key] = run.info.run_id
+    first = registry.register(runs["boot"], "model", run_key="boot")
+    registry.promote(first, run_key="boot")
+    second = registry.register(runs["run-b"], "model", run_key="run-b")
+    registry.promote(second, run_key="run-b")  # run B wins the race
+
+    comparisons = _comparisons(0.3, 0.8, 0.9, 0.9)
+    report = price_run(settings, comparisons, [StageUsage("grpo", 60, cpus=2, tokens_generated=1_000)])
+    decision = judge(settings, comparisons, {"data": True, "evals": True}, report)
+    assert decision.promote  # against the champion it measured, A wins
+    with tracker.within(runs["run-a"]):
+        result = apply_decision(settings, decision, report, comparisons, runs["run-a"], "run-a", tracker,
+                                champion_version=first)
+    assert result["decision"]["promote"] is False and not result["move"]["moved"]
+    assert "champion moved from version 1 to 2" in result["decision"]["reasons"][0]
+    assert registry.aliases()["champion"] == second and registry.aliases()["previous"] == first

@@ -237,3 +237,17 @@ def test_a_run_over_its_budget_is_not_promoted_however_good():
     within = decide(**{**passing_inputs(), "settings": settings(max_cost_usd=total)})  # inclusive
     assert within.promote and "budget" in [c["name"] for c in within.checks]
     assert "budget" not in [c["name"] for c in decide(**passing_inputs()).checks]  # no budget, no check
+
+
+def test_a_decision_is_held_when_the_champion_moved_since_it_was_measured():
+    from tasks.promotion.gate import champion_unchanged
+    from tasks.stages.contracts import Decision
+
+    won = Decision(promote=True, checks=[{"name": "target_gain", "passed": True}], reasons=["promote: ..."],
+                   summary="PROMOTE m: ...; 1/1 checks passed")
+    assert champion_unchanged(won, "3", "3") is won and champion_unchanged(won, None, "4") is won
+    held = champion_unchanged(won, "3", "4")
+    assert not held.promote and held.checks[-1]["name"] == "champion_unchanged" and not held.checks[-1]["passed"]
+    assert "moved from version 3 to 4" in held.reasons[0] and held.summary.startswith("HOLD")
+    lost = Decision(promote=False, checks=[], reasons=["x"], summary="HOLD")
+    assert champion_unchanged(lost, "3", "4") is lost
