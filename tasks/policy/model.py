@@ -10,7 +10,6 @@ downloaded. Any other causal LM with a tool-calling chat template loads the same
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -66,14 +65,7 @@ def save_model(model, chat: ChatFormat, directory: str | Path, toolset: dict | N
     if adapter is not None:
         shutil.copytree(adapter, tmp / ADAPTER_DIR)
     storage.write_manifest(tmp)  # checked by load_model: a corrupted artifact is refused
-    if directory.exists():
-        old = directory.with_name(f".{directory.name}.old-{os.getpid()}")
-        directory.rename(old)
-        tmp.rename(directory)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        tmp.rename(directory)
-    return directory
+    return storage.publish_dir(tmp, directory)
 
 
 def check_engine_support(config: dict) -> None:

@@ -21,8 +21,12 @@ import torch
 def save_checkpoint(directory: str | Path, step: int, model, chat, optimizer, extra: dict | None = None,
                     keep: int = 2, protected: tuple[int, ...] = ()) -> Path:
     """Write step `step`'s checkpoint; then remove all but the newest `keep` and the `protected` steps."""
+    from tasks.storage import publish_dir
+
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
+    for stale in directory.glob(".step-*"):  # a write killed before its rename (one trainer writes here)
+        shutil.rmtree(stale, ignore_errors=True)
     final = directory / f"step-{step:06d}"
     tmp = Path(tempfile.mkdtemp(prefix=f".step-{step:06d}.", dir=directory))
     getattr(model, "module", model).save_pretrained(tmp, safe_serialization=True)
@@ -33,9 +37,7 @@ def save_checkpoint(directory: str | Path, step: int, model, chat, optimizer, ex
     torch.save({"torch": torch.get_rng_state()}, tmp / "rng.pt")
     (tmp / "rng.json").write_text(json.dumps(rng_to_json()))
     (tmp / "state.json").write_text(json.dumps({"step": step, **(extra or {})}))
-    if final.exists():
-        shutil.rmtree(final)
-    tmp.rename(final)
+    publish_dir(tmp, final)  # fsynced, and exchanged with an existing step: never a moment without one
     keep_names = {f"step-{s:06d}" for s in protected}
     for old in sorted(directory.glob("step-*"))[:-keep]:
         if old.name not in keep_names:

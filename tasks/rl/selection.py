@@ -25,6 +25,8 @@ import statistics
 import time
 from pathlib import Path
 
+from tasks.storage import write_atomic
+
 log = logging.getLogger(__name__)
 
 VALIDATION_SEED = 2_000_000  # task seeds disjoint from training's (1e6 + ...) and the demonstrations' (3e6 + ...)
@@ -109,7 +111,7 @@ class CheckpointChoice:
         champion = next(r for r in self.rows if r["step"] == 0)
         choice = {"step": step, "last_step": last_step, "target": self.target, "guard": self.guard,
                   "max_guard_loss": self.settings.grpo.validation_max_guard_loss, "rows": self.rows}
-        (self.path.parent / "selection.json").write_text(json.dumps(choice, indent=1))
+        write_atomic(self.path.parent / "selection.json", json.dumps(choice, indent=1))
         log.info("challenger: step %d of %d (validation target v%s %.3f, guard v%s %.3f; the champion's %.3f, %.3f)",
                  step, last_step, self.target, validation_score(chosen, self.target), self.guard,
                  validation_score(chosen, self.guard), validation_score(champion, self.target),

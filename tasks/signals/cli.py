@@ -131,5 +131,7 @@ def _drift(args, settings) -> dict:
     report = compare(reference, current, settings.drift).to_dict()
     report["computed_at"] = datetime.now(timezone.utc).isoformat()
     if args.out:
-        Path(args.out).write_text(json.dumps(report, indent=1))
+        from tasks.storage import write_atomic
+
+        write_atomic(args.out, json.dumps(report, indent=1))
     return report

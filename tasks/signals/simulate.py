@@ -31,6 +31,7 @@ from tasks.envs import get_env, new_episode
 from tasks.envs.base import Episode
 from tasks.policy.chat import ChatFormat
 from tasks.policy.tokenizer import default_chat
+from tasks.storage import write_atomic
 
 log = logging.getLogger(__name__)
 SLIP_RATE = 0.08  # the scripted agent gives up this often even after a good tool result (production is never perfect)
@@ -186,7 +187,7 @@ def simulate_traces(out_dir: str | Path, start: datetime, end: datetime, n_trace
                 "valid": n_traces - sum(malformed.values()),
                 "success_rate": {v: successes[(v, True)] / max(1, versions.count(v)) for v in sorted(set(versions))},
                 "days": sorted(files)}
-    (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    write_atomic(out / "manifest.json", json.dumps(manifest, indent=1))
     log.info("simulated %d traces into %s (%d malformed): success by toolset %s", n_traces, out,
              sum(malformed.values()), manifest["success_rate"])
     return manifest

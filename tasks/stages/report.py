@@ -28,11 +28,34 @@ def stage_run(settings, rd, name: str):
     return tracker_of(settings).stage_of(rd.read("run.json")["mlflow_run_id"], name)
 
 
+def preflight(settings) -> None:
+    """What a run would otherwise find out after training: the price table and the chosen price keys, the
+    toolsets (target and champion, read through the environment), the environment itself. Raises with the
+    setting to fix. (The tracking server is reached when open_run opens the run; the champion is fetched
+    by validate_data, whose skip path covers a deployment with none yet.)"""
+    from tasks.envs import get_env
+    from tasks.promotion.cost import load_prices
+
+    prices = load_prices(settings.cost.prices_file)
+    prices.choose("cpu", settings.cost.cpu_price)
+    prices.choose("serving", settings.cost.serving_price)
+    if settings.grpo.gpus_per_train_worker > 0 or settings.rollout.gpus_per_worker > 0:
+        prices.choose("gpu", settings.cost.gpu_price)
+    env = get_env(settings.env.name)
+    for field in ("target_toolset", "champion_toolset"):
+        try:
+            env.load_toolset(getattr(settings.env, field))
+        except Exception as e:  # noqa: BLE001 (files, URLs, MCP servers: each loader's own error, re-labelled)
+            raise ValueError(f"env.{field}={getattr(settings.env, field)!r} cannot be read: {type(e).__name__}: {e}") from e
+
+
 def open_run(settings, rd, trigger: dict) -> dict:
-    """Open the DAG run's MLflow pipeline run (params = the effective settings); once per DAG run."""
+    """Open the DAG run's MLflow pipeline run (params = the effective settings); once per DAG run. Checks
+    first what the run needs before it spends anything (preflight)."""
     existing = rd.read("run.json")
     if existing:  # a retried task must not open a second MLflow run
         return existing
+    preflight(settings)
     from tasks.run_params import overrides_from_params
 
     tracker = tracker_of(settings)

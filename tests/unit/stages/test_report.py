@@ -195,3 +195,24 @@ def test_a_run_that_failed_before_its_first_file_still_formats(tmp_path):
     text = format_summary(s)
     assert ": FAILED" in text and "  trigger: unknown" in text
     assert json.loads(s.model_dump_json())["status"] == "failed"
+
+
+def test_preflight_names_what_to_fix_before_the_run_spends_anything(tmp_path):
+    import pytest
+
+    from tasks.config import load_settings
+    from tasks.promotion.cost import PriceKeyError, PriceTableError
+    from tasks.stages.report import preflight
+
+    def settings(**over):
+        return load_settings(environ={}, overrides={"run_dir": str(tmp_path), **over})
+
+    preflight(settings())  # the shipped configuration passes
+    with pytest.raises(PriceKeyError, match="cost.cpu_price"):
+        preflight(settings(cost={"cpu_price": "no-such-instance"}))
+    with pytest.raises(PriceTableError, match="does not exist"):
+        preflight(settings(cost={"prices_file": str(tmp_path / "prices.yaml")}))
+    with pytest.raises(PriceKeyError, match="gpu"):  # a GPU run needs its GPU price
+        preflight(settings(cost={"gpu_price": "nope"}, rollout={"gpus_per_worker": 0.5}))
+    with pytest.raises(ValueError, match="env.target_toolset"):
+        preflight(settings(env={"target_toolset": str(tmp_path / "missing.json")}))
