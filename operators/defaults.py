@@ -2,11 +2,16 @@
 
 One set of defaults for the five DAGs: no catch-up of missed intervals (a missed nightly run is not worth
 three queued ones), one run at a time (a second trigger queues, it is not lost), owner and retries on
-every task. A DAG that needs other retries sets them on its tasks.
+every task, an execution_timeout on every task (`orchestration.task_timeout_s`), and a failure callback
+that logs one line: what failed, why, and where the run's page is. A DAG that needs other retries sets
+them on its tasks.
 """
 from __future__ import annotations
 
+import logging
 from datetime import datetime, timedelta
+
+log = logging.getLogger(__name__)
 
 DAG_DEFAULTS = {
     "start_date": datetime(2026, 1, 1),
@@ -21,7 +26,22 @@ def evergreen_dag(doc: str, *, tags: list[str], params: dict, schedule=None):
     tag; the DAG id is the decorated function's name."""
     from airflow.sdk import dag
 
-    return dag(schedule=schedule, doc_md=doc, tags=["evergreen", *tags], params=params, **DAG_DEFAULTS)
+    from tasks.config import load_settings
+
+    defaults = {**DAG_DEFAULTS["default_args"], "on_failure_callback": log_failure,
+                "execution_timeout": timedelta(seconds=load_settings().orchestration.task_timeout_s)}
+    return dag(schedule=schedule, doc_md=doc, tags=["evergreen", *tags], params=params,
+               **{**DAG_DEFAULTS, "default_args": defaults})
+
+
+def log_failure(context) -> None:
+    """One line for a failed task: which, why (the exception's first line), and the run's pages."""
+    ti, error = context.get("ti"), context.get("exception")
+    why = (str(error).strip().splitlines() or [type(error).__name__])[0][:300] if error else "no exception recorded"
+    dag_id, run_id = getattr(ti, "dag_id", "?"), getattr(ti, "run_id", "?")
+    log.error("evergreen: %s.%s of run %s failed (try %s): %s: %s; the run: /dags/%s/runs/%s, the Evergreen page: "
+              "/evergreen/", dag_id, getattr(ti, "task_id", "?"), run_id, getattr(ti, "try_number", "?"),
+              type(error).__name__ if error else "failure", why, dag_id, run_id)
 
 
 def job_timeout() -> timedelta:

@@ -24,7 +24,8 @@ from pydantic_settings.sources.utils import parse_env_vars
 # the sections are declared in their own module; callers import them from here, with the root and the loading
 from tasks.config_sections import (PROJECT_ROOT, BootstrapSettings, CostSettings, DriftSettings,  # noqa: F401
                                    EnvSettings, EvalSettings, GRPOSettings, IngestSettings, LoraSettings,
-                                   ModelSettings, MonitorSettings, ProjectPath, PromotionSettings, RaySettings,
+                                   ModelSettings, MonitorSettings, OrchestrationSettings, ProjectPath,
+                                   PromotionSettings, RaySettings,
                                    RolloutSettings, SimulateSettings, TrackingSettings, _Section)
 
 DEFAULT_CONFIG = PROJECT_ROOT / "include" / "config" / "pipeline.yaml"
@@ -47,6 +48,7 @@ class Settings(_Section):
     tracking: TrackingSettings = TrackingSettings()
     ray: RaySettings = RaySettings()
     monitor: MonitorSettings = MonitorSettings()
+    orchestration: OrchestrationSettings = OrchestrationSettings()
 
     @property
     def collective_sync(self) -> bool:

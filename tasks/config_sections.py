@@ -312,6 +312,11 @@ class RaySettings(_Section):
         return self
 
 
+class OrchestrationSettings(_Section):
+    task_timeout_s: int = Field(7200, ge=60, description="an Airflow task (a stage) that runs longer is stopped "
+                                "and fails (its execution_timeout; the deferred GRPO wait has ray.job_timeout_s)")
+
+
 class MonitorSettings(_Section):
     traces: TraceSource = Field("runs/production/traces", description="where production traces land: a directory "
                                 "(relative to the project) or an s3:// prefix, partitioned date=YYYY-MM-DD/; or "

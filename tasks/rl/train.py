@@ -253,7 +253,7 @@ def run_grpo(settings, init_model: str | Path, run_dir: str | Path, fail_at_step
     holds one CPU, and the rollout actors it starts hold `rollout.cpus_per_worker` each.
     """
     import ray.train
-    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
     from tasks.rl.rollout import start_rollout_actors
@@ -278,6 +278,8 @@ def run_grpo(settings, init_model: str | Path, run_dir: str | Path, fail_at_step
             "CPU": 1, **({"GPU": g.gpus_per_train_worker} if on_gpu else {})}),
         run_config=RunConfig(name=run_name, storage_path=str(run_dir / "ray_train"),
                              failure_config=FailureConfig(max_failures=0),
+                             # Ray Train's copies of the reported checkpoints: bounded like ours (save_checkpoint)
+                             checkpoint_config=CheckpointConfig(num_to_keep=2),
                              logging_config=ray.train.LoggingConfig(log_level="WARNING")),
     )
     try:

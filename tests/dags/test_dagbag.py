@@ -38,6 +38,10 @@ def test_every_dag_has_docs_tags_owner_and_retries(dagbag):
         for t in dag.tasks:
             assert t.owner == "evergreen", f"{dag_id}.{t.task_id} owner {t.owner!r}"
             assert t.retries is not None, f"{dag_id}.{t.task_id} has no retries setting"
+            # a hung stage fails instead of holding its slot (and the registry pool) forever, and says why
+            assert t.execution_timeout is not None and t.execution_timeout.total_seconds() >= 60, t.task_id
+            callbacks = t.on_failure_callback if isinstance(t.on_failure_callback, list) else [t.on_failure_callback]
+            assert any(getattr(c, "__name__", "") == "log_failure" for c in callbacks), t.task_id
         assert any(t.retries > 0 for t in dag.tasks), f"{dag_id}: no task retries at all"
         assert dag.max_active_runs == 1, dag_id
 

