@@ -123,7 +123,9 @@ def collect_summary(settings, rd):
         target_toolset=settings.env.target_toolset, guard_toolsets=toolsets(settings)[1:],
         greedy=comparisons.get("greedy"), sampled=comparisons.get("sampled"),
         probe=[json.loads(f.read_text()) for f in sorted((rd.path / "probe").glob("shard-*.json"))],
-        training=metrics_digest(rd.path / "grpo" / "metrics.jsonl"), promotion=promotion,
+        training={**metrics_digest(rd.path / "grpo" / "metrics.jsonl"),
+                  **({"resumed_from": r} if (r := (rd.read("grpo_job.json") or {}).get("resumed_from")) else {})},
+        promotion=promotion,
         # the champion the challenger was measured against: the alias moved from it, or (not promoted) it
         # still holds it
         champion_version=(move.get("from") or promotion["aliases"].get("champion")) if promotion else None,
@@ -148,6 +150,9 @@ def format_summary(summary) -> str:
 
     lines = ["=" * 78, f"{summary.dag_id} {summary.run_id}: {summary.status.upper()}",
              f"  trigger: {summary.trigger.get('kind') or 'unknown'}"]
+    if (summary.training or {}).get("resumed_from"):
+        r = summary.training["resumed_from"]
+        lines.append(f"  training resumed from run {r.get('run')} at step {r.get('step')} (same champion, toolsets, settings)")
     if summary.overrides:
         lines.append("  changed by the run's params: " + ", ".join(f"{k}={v!r}" for k, v in summary.overrides.items()))
     sig = summary.signals

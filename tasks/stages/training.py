@@ -9,12 +9,78 @@ the job's environment changes them.
 """
 from __future__ import annotations
 
+import json
 import logging
 import shlex
 import sys
 import time
 
 log = logging.getLogger(__name__)
+
+
+# what a failed run's GRPO leaves that a resumed one continues from (model/ and ray_train/ are rebuilt)
+RESUMED_FILES = ("checkpoints", "metrics.jsonl", "validation.jsonl", "rollouts")
+
+
+def resume_key(settings, rd) -> str:
+    """What a run's GRPO checkpoints depend on: the champion's version, the target toolset (its hash label,
+    not its run-specific pinned path), the tasks from production it draws from (their content), and the
+    settings of the model, environment, rollouts and GRPO. Two runs with one key train the same thing."""
+    import hashlib
+    import json
+    from pathlib import Path
+
+    from tasks.envs.toolset import toolset_label
+
+    g = settings.grpo
+    production = Path(g.production_tasks) if g.production_share and g.production_tasks else None
+    doc = {"champion": (rd.read("champion.json") or {}).get("version"),
+           "toolsets": [toolset_label(t, settings.env.name) for t in (settings.env.target_toolset,
+                                                                       settings.env.champion_toolset)],
+           "production": hashlib.sha256(production.read_bytes()).hexdigest() if production and production.exists() else None,
+           "settings": settings.model_dump(mode="json", include={"model", "env", "rollout", "grpo"},
+                                           exclude={"env": {"target_toolset", "champion_toolset"},
+                                                    "grpo": {"production_tasks"}})}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def adopt_checkpoints(settings, rd) -> dict | None:
+    """Continue a failed run: where this run has no checkpoint of its own, the newest checkpoint of an earlier
+    run of this DAG with the same resume_key whose training did not finish is copied in (with its metrics,
+    validation rows and rollout records), and the GRPO job resumes from it. Returns {run, step} or None."""
+    import shutil
+
+    from tasks.rl.checkpoint import latest_checkpoint
+
+    grpo = rd.path / "grpo"
+    key = resume_key(settings, rd)
+    rd.write({"key": key}, "grpo", "resume_key.json")
+    if latest_checkpoint(grpo / "checkpoints") is not None:
+        return None  # this run's own (a retried task): the job resumes from it
+    candidates = []
+    for other in rd.path.parent.glob("*/grpo/resume_key.json"):
+        run = other.parent.parent
+        ckpt = latest_checkpoint(other.parent / "checkpoints")
+        if run == rd.path or ckpt is None or (other.parent / "model" / "config.json").exists():
+            continue  # itself, nothing to resume, or a training that finished
+        try:
+            same = json.loads(other.read_text()).get("key") == key
+        except ValueError:
+            continue
+        if same:
+            candidates.append((int(ckpt.name.split("-")[1]), ckpt.stat().st_mtime, run))
+    if not candidates:
+        return None
+    step, _, run = max(candidates)
+    for name in RESUMED_FILES:
+        src = run / "grpo" / name
+        if src.is_dir():
+            shutil.copytree(src, grpo / name, dirs_exist_ok=True)
+        elif src.exists():
+            shutil.copy2(src, grpo / name)
+    log.info("GRPO resumes from run %s at step %d (same champion, toolsets and settings; its training failed)",
+             run.name, step)
+    return {"run": run.name, "step": step}
 
 
 def grpo_command(settings, rd, fail_training_at_step: int | None = None) -> dict:
@@ -45,7 +111,8 @@ def grpo_command(settings, rd, fail_training_at_step: int | None = None) -> dict
             "--engines", engine_namespace(rd)]
     if fail_training_at_step is not None:
         args += ["--fail-at-step", str(int(fail_training_at_step))]
-    rd.write({"started": time.time()}, "grpo_job.json")
+    resumed = adopt_checkpoints(job_settings, rd)
+    rd.write({"started": time.time(), "resumed_from": resumed}, "grpo_job.json")
     env = {"RAY_TRAIN_V2_ENABLED": "1", **info.env}
     return {"entrypoint": shlex.join(args), "env_vars": env}
 
@@ -62,8 +129,9 @@ def record_training(settings, rd, job: dict | None = None) -> dict:
     if not (grpo / "model" / "config.json").exists():
         raise FileNotFoundError(f"the GRPO job finished but {grpo / 'model'} has no model: read the job's log")
     metrics = read_metrics(grpo / "metrics.jsonl")
-    started = (rd.read("grpo_job.json") or {}).get("started", time.time())
-    rd.write({"started": started, "finished": time.time(), **(job or {})}, "grpo_job.json")
+    prior = rd.read("grpo_job.json") or {}
+    started = prior.get("started", time.time())
+    rd.write({**prior, "started": started, "finished": time.time(), **(job or {})}, "grpo_job.json")
     actors = settings.rollout.num_workers * settings.rollout.cpus_per_worker
     rd.record_timing("grpo", time.time() - started, cpus=actors + settings.grpo.num_train_workers,
                      tokens_generated=int(sum(m.get("generated_tokens", 0) for m in metrics)),

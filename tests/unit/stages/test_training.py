@@ -94,3 +94,40 @@ def test_record_training_refuses_a_job_that_left_no_model(tmp_path):
     with pytest.raises(FileNotFoundError, match="job's log"):
         record_training(settings, rd, job={"job_id": "raysubmit_1"})
     assert not (rd.path / "timings" / "grpo.json").exists(), "nothing priced for a job that produced nothing"
+
+
+def _failed_run(settings, run_id: str, step: int, champion: str = "3", finished: bool = False):
+    """A run whose GRPO wrote checkpoints up to `step` (and, finished, its model)."""
+    from tasks.stages.training import resume_key
+
+    rd = RunDir.for_run(settings, "continuous_post_training", run_id)
+    rd.write({"version": champion}, "champion.json")
+    rd.write({"key": resume_key(settings, rd)}, "grpo", "resume_key.json")
+    for s in range(1, step + 1):
+        rd.write({"step": s}, "grpo", "checkpoints", f"step-{s:06d}", "state.json")
+    rd.write_lines([{"step": s, "reward": 0.1 * s} for s in range(1, step + 1)], "grpo", "metrics.jsonl")
+    if finished:
+        rd.write({}, "grpo", "model", "config.json")
+    return rd
+
+
+def test_a_new_run_resumes_from_the_newest_checkpoint_of_a_failed_run_with_the_same_key(tmp_path):
+    from tasks.stages.training import adopt_checkpoints
+
+    settings = load_settings(environ={}, overrides={"run_dir": str(tmp_path), "grpo": {"steps": 6}})
+    _failed_run(settings, "manual__a", step=2)
+    _failed_run(settings, "manual__b", step=4)  # the newest failed one
+    _failed_run(settings, "manual__c", step=5, finished=True)  # trained to the end: nothing to resume
+    _failed_run(settings, "manual__d", step=5, champion="4")  # another champion: another key
+    other = settings.model_copy(update={"grpo": settings.grpo.model_copy(update={"lr": 5e-4})})
+    _failed_run(other, "manual__e", step=5)  # other settings: another key
+
+    rd = RunDir.for_run(settings, "continuous_post_training", "manual__new")
+    rd.write({"version": "3"}, "champion.json")
+    assert adopt_checkpoints(settings, rd) == {"run": "manual__b", "step": 4}
+    assert (rd.path / "grpo" / "checkpoints" / "step-000004" / "state.json").exists()
+    assert [r["step"] for r in rd.read_lines("grpo", "metrics.jsonl")] == [1, 2, 3, 4]
+    assert adopt_checkpoints(settings, rd) is None  # its own checkpoints now: a retried task resumes from them
+    fresh = RunDir.for_run(settings, "continuous_post_training", "manual__fresh")
+    fresh.write({"version": "5"}, "champion.json")
+    assert adopt_checkpoints(settings, fresh) is None and not (fresh.path / "grpo" / "checkpoints").exists()
