@@ -139,7 +139,7 @@ def start_local_head(temp_dir: str | Path, port: int = 6390, num_cpus: int | Non
     # believes clusters are off (its macOS/Windows switch): then every component of a local head (GCS,
     # raylet, agents, client server, workers) binds loopback. Drivers and jobs get it too (head.env)
     auth_env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token_path),
-                "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+                "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "GLOO_SOCKET_IFNAME": "lo"}
     ray_bin = shutil.which("ray", path=str(Path(sys.executable).parent)) or "ray"
     cmd = [ray_bin, "start", "--head", f"--port={port}", f"--temp-dir={temp_dir}", "--node-ip-address=127.0.0.1",
            f"--num-cpus={num_cpus or os.cpu_count()}", "--disable-usage-stats"]
@@ -160,12 +160,29 @@ def start_local_head(temp_dir: str | Path, port: int = 6390, num_cpus: int | Non
     return head
 
 
+def loopback_driver(address: str | None) -> None:
+    """Make this process a loopback driver when `address` is on this machine (or None: an in-process
+    cluster). A local head's components run with Ray's cluster switch off (start_local_head), so their node
+    IP is 127.0.0.1; a driver that computed the routable address instead is no node of that cluster and
+    waits for a raylet that never answers. Ray reads the switch from the environment when it is first
+    imported, which may have happened already in this process: the module constant is set too."""
+    host = (address or "127.0.0.1").rsplit(":", 1)[0].strip("[]")
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        return
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    from ray._private import ray_constants
+
+    ray_constants.ENABLE_RAY_CLUSTER = False
+
+
 def connect(settings, **init_kwargs):
     """ray.init against settings.ray.address, or an in-process local cluster (quiet, loopback only)."""
     import ray
 
     if ray.is_initialized():
         return ray.get_runtime_context()
+    loopback_driver(settings.ray.address)
     # before ray.init: workers inherit the driver's environment only from then on
     os.environ.setdefault("RAY_TRAIN_ENABLE_PRINT_PATCH", "0")  # else every worker print appears twice
     os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")

@@ -254,7 +254,9 @@ def run_grpo(settings, init_model: str | Path, run_dir: str | Path, fail_at_step
     """
     import ray.train
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchConfig, TorchTrainer
+    from ray.train.torch import TorchTrainer
+
+    from tasks.rl.torch_group import torch_config
 
     from tasks.rl.rollout import start_rollout_actors
 
@@ -273,7 +275,7 @@ def run_grpo(settings, init_model: str | Path, run_dir: str | Path, fail_at_step
     on_gpu = g.device == "cuda"
     trainer = TorchTrainer(
         grpo_loop, train_loop_config=config,
-        torch_config=TorchConfig(backend="nccl" if on_gpu else "gloo"),
+        torch_config=torch_config(settings, run_dir),
         scaling_config=ScalingConfig(num_workers=g.num_train_workers, use_gpu=on_gpu, resources_per_worker={
             "CPU": 1, **({"GPU": g.gpus_per_train_worker} if on_gpu else {})}),
         run_config=RunConfig(name=run_name, storage_path=str(run_dir / "ray_train"),

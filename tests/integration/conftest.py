@@ -45,6 +45,9 @@ def ray_head(tmp_path_factory):
     # the head's auth token and address, for this driver and the subprocesses it starts (Ray's own
     # helpers look the cluster up by RAY_ADDRESS and fail if several clusters run on the machine)
     os.environ.update(head.env, RAY_ADDRESS=head.address)
+    from tasks.rl.cluster import loopback_driver
+
+    loopback_driver(head.address)  # the head's node IP is 127.0.0.1: so must this driver's be
     try:
         ray.init(address=head.address, logging_level="WARNING")
         yield head
