@@ -56,16 +56,20 @@ def save_model(model, chat: ChatFormat, directory: str | Path, toolset: dict | N
     directory = Path(directory)
     directory.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
-    model.save_pretrained(tmp, safe_serialization=True)
-    chat.tokenizer.save_pretrained(tmp)
-    if toolset is not None:
-        from tasks.envs.toolset import TOOLSET_FILENAME
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        chat.tokenizer.save_pretrained(tmp)
+        if toolset is not None:
+            from tasks.envs.toolset import TOOLSET_FILENAME
 
-        (tmp / TOOLSET_FILENAME).write_text(json.dumps(toolset, indent=1))
-    if adapter is not None:
-        shutil.copytree(adapter, tmp / ADAPTER_DIR)
-    storage.write_manifest(tmp)  # checked by load_model: a corrupted artifact is refused
-    return storage.publish_dir(tmp, directory)
+            (tmp / TOOLSET_FILENAME).write_text(json.dumps(toolset, indent=1))
+        if adapter is not None:
+            shutil.copytree(adapter, tmp / ADAPTER_DIR)
+        storage.write_manifest(tmp)  # checked by load_model: a corrupted artifact is refused
+        return storage.publish_dir(tmp, directory)
+    except BaseException:  # a full disk, a kill: the half-written copy goes, the old model stays
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def check_engine_support(config: dict) -> None:

@@ -29,15 +29,19 @@ def save_checkpoint(directory: str | Path, step: int, model, chat, optimizer, ex
         shutil.rmtree(stale, ignore_errors=True)
     final = directory / f"step-{step:06d}"
     tmp = Path(tempfile.mkdtemp(prefix=f".step-{step:06d}.", dir=directory))
-    getattr(model, "module", model).save_pretrained(tmp, safe_serialization=True)
-    chat.tokenizer.save_pretrained(tmp)
-    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-    # RNG states as a tensor and JSON: every file a resume reads loads with weights_only=True (no unpickling
-    # of arbitrary objects from a checkpoint directory)
-    torch.save({"torch": torch.get_rng_state()}, tmp / "rng.pt")
-    (tmp / "rng.json").write_text(json.dumps(rng_to_json()))
-    (tmp / "state.json").write_text(json.dumps({"step": step, **(extra or {})}))
-    publish_dir(tmp, final)  # fsynced, and exchanged with an existing step: never a moment without one
+    try:
+        getattr(model, "module", model).save_pretrained(tmp, safe_serialization=True)
+        chat.tokenizer.save_pretrained(tmp)
+        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        # RNG states as a tensor and JSON: every file a resume reads loads with weights_only=True (no unpickling
+        # of arbitrary objects from a checkpoint directory)
+        torch.save({"torch": torch.get_rng_state()}, tmp / "rng.pt")
+        (tmp / "rng.json").write_text(json.dumps(rng_to_json()))
+        (tmp / "state.json").write_text(json.dumps({"step": step, **(extra or {})}))
+        publish_dir(tmp, final)  # fsynced, and exchanged with an existing step: never a moment without one
+    except BaseException:  # a full disk: the earlier checkpoints stay the newest complete ones
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     keep_names = {f"step-{s:06d}" for s in protected}
     for old in sorted(directory.glob("step-*"))[:-keep]:
         if old.name not in keep_names:
