@@ -151,6 +151,7 @@ class Stack:
     ray_dashboard_port: int = 8265
     env_extra: dict = field(default_factory=dict)  # EVERGREEN_* settings for every task of this stack
     procs: dict = field(default_factory=dict)
+    commands: dict = field(default_factory=dict)  # name -> (command, extra env): what restart() runs again
 
     @property
     def api_url(self) -> str:
@@ -232,7 +233,17 @@ class Stack:
     def client(self) -> ApiClient:
         return ApiClient(self.api_url, USER, self.password)
 
+    def kill(self, name: str) -> None:
+        """SIGKILL one service's process group (a fault drill: no chance to clean up)."""
+        os.killpg(self.procs[name].pid, signal.SIGKILL)
+        self.procs[name].wait(timeout=30)
+
+    def restart(self, name: str) -> None:
+        """Start a service again with the command it was started with."""
+        self._spawn(name, *self.commands[name])
+
     def _spawn(self, name: str, cmd: list[str], env: dict | None = None) -> None:
+        self.commands[name] = (cmd, env)
         log = open(self.home / "logs" / f"{name}.log", "ab")
         # its own session: stopping the stack signals the whole group (gunicorn / executor children too)
         self.procs[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env() | (env or {}),

@@ -63,17 +63,27 @@ def _exposed(stack) -> list[tuple]:
 
 
 def test_injected_training_failure_tears_down_and_says_why(airflow_stack, finished_run):
-    """Also: while the run holds its cluster, no process the stack started (Airflow's services, MLflow, the
-    run's Ray head, agents, client server, engines, trainer) listens beyond loopback."""
+    """Also two faults of the matrix on the way: while the GRPO task is deferred, the scheduler and the
+    triggerer are killed (SIGKILL) and started again: the trigger resumes watching the same Ray job, whose
+    failure still fails the task with its reason. And while the run holds its cluster, no process the stack
+    started (Airflow's services, MLflow, the run's Ray head, agents, client server, engines, trainer)
+    listens beyond loopback."""
     client = airflow_stack.client()
     run_id = client.trigger(DAG, {"force": True, "fail_training_at_step": 1})
-    seen, deadline = set(), time.time() + 1200
+    seen, deadline, killed = set(), time.time() + 1200, None
     while (run := client.get(f"/api/v2/dags/{DAG}/dagRuns/{run_id}"))["state"] not in ("success", "failed"):
         assert time.time() < deadline, f"run {run_id} still {run['state']} after 1200 s"
         sockets = airflow_stack.listening()
         assert sockets and _exposed(airflow_stack) == [], _exposed(airflow_stack)
         seen |= {name for _, name, _, _ in sockets}
+        if killed is None and _states(client, run_id).get("grpo_update") == "deferred":
+            for service in ("triggerer", "scheduler"):
+                airflow_stack.kill(service)
+            killed = time.time()
+            for service in ("scheduler", "triggerer"):
+                airflow_stack.restart(service)
         time.sleep(3)
+    assert killed is not None, "grpo_update was never seen deferred: the kill drill did not run"
     assert {"raylet", "gcs_server"} <= seen and "ray::DashboardAgent" in seen, seen  # the run's cluster was seen
     states = _states(client, run_id)
     assert run["state"] == "failed", states
