@@ -100,6 +100,11 @@ class StageOperator(PythonOperator):
         super().__init__(python_callable=python_callable, task_id=task_id or python_callable.__name__, **kwargs)
 
     def execute(self, context) -> Any:
+        import os
+
+        from hooks.credentials import stage_credentials
+
+        os.environ.update(stage_credentials())  # this task's process only: S3 and MLflow from Connections
         self._trigger = trigger_of(context)
         self._settings = settings_for(context["params"], self._trigger)
         self._rd = run_dir_of(context, self._settings)

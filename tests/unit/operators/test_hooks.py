@@ -240,3 +240,20 @@ def test_no_source_file_keeps_its_own_set_of_terminal_statuses():
     offenders = [str(p.relative_to(ROOT)) for folder in ("hooks", "operators", "triggers", "tasks", "scripts", "plugins")
                  for p in sorted((ROOT / folder).rglob("*.py")) if status_set.search(p.read_text())]
     assert offenders == [], f"use hooks.ray_jobs.job_ended (JobStatus.is_terminal) in {offenders}"
+
+
+def test_s3_and_mlflow_credentials_come_from_connections(monkeypatch):
+    from hooks.credentials import stage_credentials
+
+    for name in ("AIRFLOW_CONN_EVERGREEN_S3", "AIRFLOW_CONN_EVERGREEN_MLFLOW"):
+        monkeypatch.delenv(name, raising=False)
+    assert stage_credentials() == {}  # none defined: the ambient environment rules
+    monkeypatch.setenv("AIRFLOW_CONN_EVERGREEN_S3", json.dumps({
+        "conn_type": "aws", "login": "AKIDEXAMPLE", "password": "s3-secret",
+        "extra": {"endpoint_url": "http://127.0.0.1:9000", "region_name": "eu-west-1"}}))
+    monkeypatch.setenv("AIRFLOW_CONN_EVERGREEN_MLFLOW", json.dumps({
+        "conn_type": "http", "login": "evergreen", "password": "mlflow-secret"}))
+    assert stage_credentials() == {
+        "AWS_ACCESS_KEY_ID": "AKIDEXAMPLE", "AWS_SECRET_ACCESS_KEY": "s3-secret", "AWS_DEFAULT_REGION": "eu-west-1",
+        "EVERGREEN_S3_ENDPOINT_URL": "http://127.0.0.1:9000", "AWS_ENDPOINT_URL": "http://127.0.0.1:9000",
+        "MLFLOW_TRACKING_USERNAME": "evergreen", "MLFLOW_TRACKING_PASSWORD": "mlflow-secret"}
