@@ -60,7 +60,8 @@ def apply_decision(settings, decision, cost: dict, comparisons: dict[str, dict],
         "evergreen.cost_usd": f"{cost['total_usd']:.6f}", **(version_tags or {})})
     if not registry.moved_for(run_key):  # a retried step after the move must not re-point the challenger
         registry.set_challenger(version)
-        decision = champion_unchanged(decision, champion_version, registry.version_of(CHAMPION))
+        if decision.promote and champion_version is not None:
+            decision = champion_unchanged(decision, champion_version, registry.version_of(CHAMPION))
     if decision.promote:
         move = registry.promote(version, run_key=run_key, decision=decision.to_dict())
     else:

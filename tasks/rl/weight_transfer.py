@@ -60,10 +60,22 @@ class GlooGroup:
 
 
 def open_store(host: str, port: int, world_size: int, is_master: bool, timeout_s: float):
+    """The group's TCPStore. The master's listening socket is made here, bound to `host`, and handed to the
+    store (master_listen_fd): torch's own would listen on every interface whatever `host` says."""
+    import socket
+
     import torch.distributed as dist
 
-    return dist.TCPStore(host, port, world_size, is_master=is_master, wait_for_workers=False,
-                         timeout=datetime.timedelta(seconds=timeout_s))
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if not is_master:
+        return dist.TCPStore(host, port, world_size, is_master=False, timeout=timeout)
+    listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind((host, port))
+    listener.listen(128)
+    port = listener.getsockname()[1]
+    return dist.TCPStore(host, port, world_size, is_master=True, wait_for_workers=False, timeout=timeout,
+                         master_listen_fd=listener.detach())
 
 
 def _numel(shape: list[int]) -> int:

@@ -62,7 +62,7 @@ def export_mlflow_traces(experiment: str, out_dir: str | Path, window: Window, t
                          max_results: int | None = None, page_size: int = 200, workload_tag: str = "workload") -> dict:
     """The traces of an MLflow experiment (by name) whose request time lies in the window, paged through
     MlflowClient.search_traces (a page in memory at a time), oldest first; at most `max_results` (None: all)."""
-    from tasks.tracking import credentials_to_environment, fail_fast
+    from tasks.tracking import credentials_to_environment, fail_fast, without_credentials
 
     fail_fast()
     from mlflow import MlflowClient
@@ -70,7 +70,7 @@ def export_mlflow_traces(experiment: str, out_dir: str | Path, window: Window, t
     if not experiment:
         raise ValueError("mlflow: source without an experiment name: give mlflow:EXPERIMENT")
     client = MlflowClient(credentials_to_environment(tracking_uri) if tracking_uri else None)
-    tracking_uri = client.tracking_uri  # named in errors: without credentials
+    tracking_uri = without_credentials(tracking_uri)  # named in errors
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
         raise ValueError(f"no MLflow experiment named {experiment!r} at {tracking_uri or 'the default tracking URI'}")

@@ -75,3 +75,15 @@ def test_client_ranks_each_engine_or_sends_one_info_when_there_is_no_group():
     assert [e.infos[-1]["rank_offset"] for e in engines] == [1, 2]
     client.init_weight_transfer_engine({"packed": False})  # ipc: no group, no ranks
     assert [e.infos[-1] for e in engines] == [{"packed": False}] * 2
+
+
+def test_the_master_store_listens_on_its_host_only():
+    import psutil
+
+    before = {c.laddr for c in psutil.Process().net_connections(kind="inet") if c.status == psutil.CONN_LISTEN}
+    master = open_store("127.0.0.1", 0, 2, True, 30)
+    new = {c.laddr for c in psutil.Process().net_connections(kind="inet") if c.status == psutil.CONN_LISTEN} - before
+    assert [(a.ip, a.port) for a in new] == [("127.0.0.1", master.port)]  # torch's own would bind every interface
+    client = open_store("127.0.0.1", master.port, 2, False, 30)
+    master.set("k", "v")
+    assert client.get("k") == b"v"
