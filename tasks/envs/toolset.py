@@ -189,6 +189,8 @@ def check_tool(tool: Any, where: str) -> str:
                          f"{{'type': 'function', 'function': {{'name': ..., 'parameters': {{...}}}}}}")
     if not isinstance(fn.get("parameters", {}), dict):
         raise ValueError(f"{where} ({fn['name']!r}): 'parameters' must be a JSON schema object")
+    if fn.get("description") is not None and not isinstance(fn["description"], str):  # found by a hypothesis test
+        raise ValueError(f"{where} ({fn['name']!r}): 'description' must be text, not {type(fn['description']).__name__}")
     import jsonschema_rs
 
     try:  # a tool server may list anything: a schema the episode's argument check cannot apply is refused here

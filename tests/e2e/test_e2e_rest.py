@@ -84,7 +84,8 @@ def test_injected_training_failure_tears_down_and_says_why(airflow_stack, finish
                 airflow_stack.restart(service)
         time.sleep(3)
     assert killed is not None, "grpo_update was never seen deferred: the kill drill did not run"
-    assert {"raylet", "gcs_server"} <= seen and "ray::DashboardAgent" in seen, seen  # the run's cluster was seen
+    # the run's cluster was seen (Linux keeps 15 characters of a process name: no exact names beyond these)
+    assert {"raylet", "gcs_server"} <= seen and any(name.startswith("ray::") for name in seen), seen
     states = _states(client, run_id)
     assert run["state"] == "failed", states
     assert states["grpo_update"] == "failed", states

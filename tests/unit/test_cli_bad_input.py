@@ -56,13 +56,13 @@ def test_random_settings_files_load_or_are_refused_in_one_message(doc, raw, text
     assert_clean(*run(["--config", str(path), "settings"], capsys))
 
 
-@pytest.mark.parametrize("case", ["required_5", "type_5", "registry_is_dir", "yaml_syntax", "yaml_list", "config_is_dir",
+@pytest.mark.parametrize("case", ["required_5", "type_5", "description_object", "registry_is_dir", "yaml_syntax", "yaml_list", "config_is_dir",
                                   "output_is_file", "set_section", "set_without_equals"])
 def test_the_audits_bad_inputs_exit_2_without_a_traceback(case, tmp_path, capsys):
-    def tool(parameters) -> str:
+    def tool(parameters, **more) -> str:
         path = tmp_path / "reg.json"
         path.write_text(json.dumps({"version": "x", "tools": [{"type": "function", "function": {
-            "name": "f", "parameters": parameters}}]}))
+            "name": "f", "parameters": parameters, **more}}]}))
         return str(path)
 
     (tmp_path / "afile").write_text("")
@@ -71,6 +71,8 @@ def test_the_audits_bad_inputs_exit_2_without_a_traceback(case, tmp_path, capsys
     argv, said = {
         "required_5": (["tooldiff", "1", tool({"type": "object", "required": 5})], "not a valid JSON Schema"),
         "type_5": (["tooldiff", "1", tool({"type": 5})], "not a valid JSON Schema"),
+        # what the hypothesis test found first (difflib raised KeyError on a dict description)
+        "description_object": (["tooldiff", "1", tool({}, description={"": None})], "'description' must be text"),
         "registry_is_dir": (["tooldiff", "1", str(tmp_path)], "is a directory"),
         "yaml_syntax": (["--config", str(tmp_path / "syntax.yaml"), "settings"], "not valid YAML at line 2"),
         "yaml_list": (["--config", str(tmp_path / "list.yaml"), "settings"], "top level is a list"),
