@@ -59,8 +59,8 @@ def test_random_settings_files_load_or_are_refused_in_one_message(doc, raw, text
 @pytest.mark.parametrize("case", ["required_5", "type_5", "description_object", "registry_is_dir", "yaml_syntax", "yaml_list", "config_is_dir",
                                   "output_is_file", "set_section", "set_without_equals"])
 def test_the_audits_bad_inputs_exit_2_without_a_traceback(case, tmp_path, capsys):
-    def tool(parameters, **more) -> str:
-        path = tmp_path / "reg.json"
+    def tool(parameters, **more) -> str:  # a file per case: the table below builds every case's file
+        path = tmp_path / f"reg-{len(list(tmp_path.glob('reg-*')))}.json"
         path.write_text(json.dumps({"version": "x", "tools": [{"type": "function", "function": {
             "name": "f", "parameters": parameters, **more}}]}))
         return str(path)
