@@ -26,30 +26,34 @@ def _extra(conn) -> dict:
         raise ValueError(f"connection {conn.conn_id!r}: extra is not JSON") from None
 
 
-class S3CredentialsHook(OptionalConnectionHook):
+class _CredentialsHook(OptionalConnectionHook):
+    """A connection whose fields become environment variables (`variables`); none defined: {}."""
+
+    def environment(self) -> dict[str, str]:
+        conn = self.optional_connection()
+        if conn is None:
+            return {}
+        return {k: str(v) for k, v in self.variables(conn, _extra(conn)).items() if v}
+
+    def variables(self, conn, extra: dict) -> dict:
+        raise NotImplementedError
+
+
+class S3CredentialsHook(_CredentialsHook):
     default_conn_name, conn_type, hook_name = "evergreen_s3", "aws", "Evergreen S3"
 
-    def environment(self) -> dict[str, str]:
-        conn = self.optional_connection()
-        if conn is None:
-            return {}
-        extra = _extra(conn)
-        env = {"AWS_ACCESS_KEY_ID": conn.login, "AWS_SECRET_ACCESS_KEY": conn.password,
-               "AWS_SESSION_TOKEN": extra.get("aws_session_token"), "AWS_DEFAULT_REGION": extra.get("region_name"),
-               "EVERGREEN_S3_ENDPOINT_URL": extra.get("endpoint_url"), "AWS_ENDPOINT_URL": extra.get("endpoint_url")}
-        return {k: str(v) for k, v in env.items() if v}
+    def variables(self, conn, extra: dict) -> dict:
+        return {"AWS_ACCESS_KEY_ID": conn.login, "AWS_SECRET_ACCESS_KEY": conn.password,
+                "AWS_SESSION_TOKEN": extra.get("aws_session_token"), "AWS_DEFAULT_REGION": extra.get("region_name"),
+                "EVERGREEN_S3_ENDPOINT_URL": extra.get("endpoint_url"), "AWS_ENDPOINT_URL": extra.get("endpoint_url")}
 
 
-class MlflowCredentialsHook(OptionalConnectionHook):
+class MlflowCredentialsHook(_CredentialsHook):
     default_conn_name, conn_type, hook_name = "evergreen_mlflow", "http", "Evergreen MLflow"
 
-    def environment(self) -> dict[str, str]:
-        conn = self.optional_connection()
-        if conn is None:
-            return {}
-        env = {"MLFLOW_TRACKING_USERNAME": conn.login, "MLFLOW_TRACKING_PASSWORD": conn.password,
-               "MLFLOW_TRACKING_TOKEN": _extra(conn).get("token")}
-        return {k: str(v) for k, v in env.items() if v}
+    def variables(self, conn, extra: dict) -> dict:
+        return {"MLFLOW_TRACKING_USERNAME": conn.login, "MLFLOW_TRACKING_PASSWORD": conn.password,
+                "MLFLOW_TRACKING_TOKEN": extra.get("token")}
 
 
 def stage_credentials() -> dict[str, str]:

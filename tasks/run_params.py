@@ -37,16 +37,13 @@ def _get(settings, field: str):
     return value
 
 
-def _is_version(value) -> bool:
-    text = str(value)
-    return (text[1:] if text[:1] in "vV" else text).isdigit()
-
-
 def refusal(field: str, value, deployed) -> str | None:
     """Why a run's params may not set `field` to `value` (None: they may). `deployed` is the settings
     without the run's params."""
     if field in TOOLSETS:
-        return None if _is_version(value) else ("a shipped toolset version only (e.g. 2); a served toolset comes "
+        from tasks.envs.toolset import shipped_version  # at run time: DAG files import this module at parse
+
+        return None if shipped_version(value) else ("a shipped toolset version only (e.g. 2); a served toolset comes "
                                                 "from the deployment's tool watch (EVERGREEN_TOOL_SOURCE)")
     if field in STRICTER:
         current = _get(deployed, field)

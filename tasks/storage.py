@@ -144,6 +144,15 @@ def read_bytes(uri: str | Path, verify: bool = True) -> bytes:
         return f.read()
 
 
+def fsync_path(path: str | Path) -> None:
+    """Flush a file's or a directory's entries to disk (a directory: the names created or renamed in it)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 @contextlib.contextmanager
 def atomic_writer(path: str | Path) -> Iterator[BinaryIO]:
     """A file written under a temporary name beside `path`, fsynced, renamed over it only when complete, and
@@ -162,11 +171,7 @@ def atomic_writer(path: str | Path) -> Iterator[BinaryIO]:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)  # the rename itself survives a crash
-    finally:
-        os.close(dir_fd)
+    fsync_path(path.parent)  # the rename itself survives a crash
 
 
 def publish_dir(tmp: str | Path, final: str | Path) -> Path:
@@ -179,11 +184,7 @@ def publish_dir(tmp: str | Path, final: str | Path) -> Path:
 
     tmp, final = Path(tmp), Path(final)
     for f in [*tmp.rglob("*"), tmp]:
-        fd = os.open(f, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_path(f)
     if not final.exists():
         os.rename(tmp, final)
     else:
@@ -197,11 +198,7 @@ def publish_dir(tmp: str | Path, final: str | Path) -> Path:
             os.rename(final, old)
             os.rename(tmp, final)
             shutil.rmtree(old, ignore_errors=True)
-    dir_fd = os.open(final.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    fsync_path(final.parent)
     return final
 
 

@@ -55,7 +55,7 @@ def load_toolset(source: str | Path | dict | list, env: str | None = None) -> di
         raise IsADirectoryError(f"registry {label}: is a directory; pass the registry file, "
                                 f"or use toolset_of_model() for a model directory")
     if not PurePosixPath(label).suffix and "/" not in label:
-        version = label[1:] if label[:1] in "vV" and label[1:].isdigit() else label
+        version = shipped_version(label) or label
         path = shipped_toolset_path(version, env)
         if not path.is_file():
             raise FileNotFoundError(f"tool registry {path} not found: pass a registry JSON file or a shipped "
@@ -69,11 +69,16 @@ def toolset_label(source, env: str | None = None) -> str:
     """A toolset's name in file and metric names: `v<N>` for a shipped version ("2", "v2"), else `ts-` and
     12 hex digits of its schema hash. A path, URL or MCP command never goes into a file name; the same
     tools give the same name whatever source they were read from."""
-    text = str(source)
-    version = text[1:] if text[:1] in "vV" and text[1:].isdigit() else text
-    if version.isdigit():
+    if version := shipped_version(source):
         return f"v{version}"
-    return _hashed_label(text, env)
+    return _hashed_label(str(source), env)
+
+
+def shipped_version(source) -> str | None:
+    """"2" for a shipped version written "2", "v2" or "V2"; None for any other source (a file, URL, server)."""
+    text = str(source)
+    bare = text[1:] if text[:1] in "vV" else text
+    return bare if bare.isdigit() else None
 
 
 @lru_cache(maxsize=256)

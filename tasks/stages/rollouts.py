@@ -37,13 +37,13 @@ def pin_toolsets(settings, rd):
     import tempfile
 
     from tasks.envs import get_env
+    from tasks.envs.toolset import shipped_version
 
     pins = {}
     for field in ("target_toolset", "champion_toolset"):
         source = str(getattr(settings.env, field))
-        bare = source[1:] if source[:1] in "vV" else source
         path = rd.path / "toolsets" / f"{field}.json"
-        if bare.isdigit() or source == str(path):
+        if shipped_version(source) or source == str(path):
             continue
         if not path.exists():
             try:

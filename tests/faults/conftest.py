@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import s3  # noqa: F401 (the session's moto server)
+from tests.integration.conftest import s3, s3_through  # noqa: F401 (the session's moto server, its proxy route)
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ partial or whole, is visible."""
 from __future__ import annotations
 
 import http.client
-import os
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -64,23 +63,9 @@ class ErrorProxy:
 
 
 @pytest.fixture
-def proxied(s3, monkeypatch):
-    from tasks import storage
-
-    upstream = int(os.environ["EVERGREEN_S3_ENDPOINT_URL"].rsplit(":", 1)[1])
-    made = []
-
-    def make(failures: int, status: int = 503, code: str = "SlowDown") -> ErrorProxy:
-        proxy = ErrorProxy(upstream, failures, status, code)
-        made.append(proxy)
-        monkeypatch.setenv("EVERGREEN_S3_ENDPOINT_URL", f"http://127.0.0.1:{proxy.port}")
-        storage._client.cache_clear()
-        return proxy
-
-    yield make
-    for p in made:
-        p.close()
-    storage._client.cache_clear()
+def proxied(s3_through):
+    return lambda failures, status=503, code="SlowDown": s3_through(
+        lambda port: ErrorProxy(port, failures, status, code))
 
 
 def _keys(s3, bucket) -> list[str]:

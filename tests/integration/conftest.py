@@ -126,6 +126,29 @@ def s3(tmp_path_factory):
                 os.environ[k] = v
 
 
+@pytest.fixture
+def s3_through(s3, monkeypatch):
+    """Route tasks.storage's S3 client through a fault-injecting proxy for one test: `s3_through(make)` calls
+    `make(port)` with the S3 endpoint's port, points EVERGREEN_S3_ENDPOINT_URL at the proxy it returns
+    (`.port`, `.close()`) and returns it; at the end the proxies close and the client cache is cleared."""
+    from tasks import storage
+
+    upstream = int(os.environ["EVERGREEN_S3_ENDPOINT_URL"].rsplit(":", 1)[1])
+    made = []
+
+    def route(make):
+        proxy = make(upstream)
+        made.append(proxy)
+        monkeypatch.setenv("EVERGREEN_S3_ENDPOINT_URL", f"http://127.0.0.1:{proxy.port}")
+        storage._client.cache_clear()
+        return proxy
+
+    yield route
+    for proxy in made:
+        proxy.close()
+    storage._client.cache_clear()
+
+
 @pytest.fixture(scope="session")
 def mlflow_server(s3, tmp_path_factory):
     import signal

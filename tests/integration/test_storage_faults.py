@@ -57,23 +57,8 @@ class CuttingProxy:
 
 
 @pytest.fixture
-def through_proxy(s3, monkeypatch):
-    from tasks import storage
-
-    direct = os.environ["EVERGREEN_S3_ENDPOINT_URL"]
-    proxies = []
-
-    def make(cuts: int):
-        proxy = CuttingProxy(int(direct.rsplit(":", 1)[1]), cuts)
-        proxies.append(proxy)
-        monkeypatch.setenv("EVERGREEN_S3_ENDPOINT_URL", f"http://127.0.0.1:{proxy.port}")
-        storage._client.cache_clear()
-        return proxy
-
-    yield make
-    for p in proxies:
-        p.close()
-    storage._client.cache_clear()
+def through_proxy(s3_through):
+    return lambda cuts: s3_through(lambda port: CuttingProxy(port, cuts))
 
 
 def _exists(s3, bucket, key) -> bool:
