@@ -17,6 +17,7 @@ and of this client process (psutil, sampled), the same at the smaller size (flat
 episodes at the smaller size, each with its own httpx.AsyncClient (a new connection per episode, its
 own cookie jar). Target: 8,000 tool steps/s with zero errors at 4096 in flight.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,6 +46,7 @@ SERVER = ROOT / "include/tools/desk_resources_server.py"
 
 
 # ---------------------------------------------------------------- the scripted policy
+
 
 def scripted_calls(task, wrong: bool) -> list[tuple[str, dict, bool]]:
     """(tool, arguments, should succeed): the strict-v2 call that solves the task, after a v1-style
@@ -81,6 +83,7 @@ def tally(faults: Counter, ok: bool, want: bool, fault: str | None) -> None:
 
 
 # ---------------------------------------------------------------- the two clients
+
 
 async def run_pooled(url: str, episodes: list, latencies: list, faults: Counter) -> None:
     backend = ResourcesServerBackend(url, timeout=30.0, max_connections=1024)
@@ -128,12 +131,17 @@ async def run_naive(url: str, episodes: list, latencies: list, faults: Counter) 
 
 # ---------------------------------------------------------------- a phase: fresh server, one client kind
 
+
 @contextlib.contextmanager
 def server(latency_ms: float):
     port = free_port()
-    proc = subprocess.Popen([sys.executable, str(SERVER), "--port", str(port), "--latency-ms", str(latency_ms)],
-                            cwd=ROOT, env=os.environ | {"PYTHONPATH": str(ROOT)},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, str(SERVER), "--port", str(port), "--latency-ms", str(latency_ms)],
+        cwd=ROOT,
+        env=os.environ | {"PYTHONPATH": str(ROOT)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         import urllib.request
@@ -187,16 +195,26 @@ def phase(kind: str, episodes: list, latency_ms: float) -> dict:
         asyncio.run(runner(url, episodes, latencies, faults))
         wall = time.perf_counter() - start
     latencies.sort()
-    pct = (lambda q: round(1000 * latencies[min(len(latencies) - 1, int(q * len(latencies)))], 1)) \
-        if latencies else (lambda q: None)
+    pct = (
+        (lambda q: round(1000 * latencies[min(len(latencies) - 1, int(q * len(latencies)))], 1))
+        if latencies
+        else (lambda q: None)
+    )
     planned = {"ok", "refused_planned", "verified"}
-    return {"episodes": len(episodes), "tool_steps": len(latencies),
-            "tool_steps_per_s": round(len(latencies) / wall), "episodes_per_s": round(len(episodes) / wall),
-            "p50_call_ms": pct(0.50), "p99_call_ms": pct(0.99),
-            "errors": {k: v for k, v in faults.items() if k not in planned},
-            "planned_refusals": faults["refused_planned"], "verified": faults["verified"],
-            "server_peak_rss_mb": round(rss.peak["server"] / 2 ** 20, 1),
-            "client_peak_rss_mb": round(rss.peak["client"] / 2 ** 20, 1), "wall_s": round(wall, 2)}
+    return {
+        "episodes": len(episodes),
+        "tool_steps": len(latencies),
+        "tool_steps_per_s": round(len(latencies) / wall),
+        "episodes_per_s": round(len(episodes) / wall),
+        "p50_call_ms": pct(0.50),
+        "p99_call_ms": pct(0.99),
+        "errors": {k: v for k, v in faults.items() if k not in planned},
+        "planned_refusals": faults["refused_planned"],
+        "verified": faults["verified"],
+        "server_peak_rss_mb": round(rss.peak["server"] / 2**20, 1),
+        "client_peak_rss_mb": round(rss.peak["client"] / 2**20, 1),
+        "wall_s": round(wall, 2),
+    }
 
 
 def main() -> None:
@@ -215,14 +233,23 @@ def main() -> None:
     small = phase("pooled", everything[:small_n], args.latency_ms)
     large = phase("pooled", everything, args.latency_ms)
     peer = phase("naive", everything[:small_n], args.latency_ms)
-    print(json.dumps({
-        "bench": "envs", "backend": "ResourcesServerBackend (aiohttp, one pool)", "latency_ms": args.latency_ms,
-        **large, "small": small, "peer": {"kind": "httpx.AsyncClient per episode", **peer},
-        "ratio_vs_peer": round(small["tool_steps_per_s"] / max(1, peer["tool_steps_per_s"]), 2),
-        "server_rss_growth": round(large["server_peak_rss_mb"] / max(1e-9, small["server_peak_rss_mb"]), 2),
-        "client_rss_growth": round(large["client_peak_rss_mb"] / max(1e-9, small["client_peak_rss_mb"]), 2),
-        "cpus": os.cpu_count(), "target_tool_steps_per_s": 8000,
-    }))
+    print(
+        json.dumps(
+            {
+                "bench": "envs",
+                "backend": "ResourcesServerBackend (aiohttp, one pool)",
+                "latency_ms": args.latency_ms,
+                **large,
+                "small": small,
+                "peer": {"kind": "httpx.AsyncClient per episode", **peer},
+                "ratio_vs_peer": round(small["tool_steps_per_s"] / max(1, peer["tool_steps_per_s"]), 2),
+                "server_rss_growth": round(large["server_peak_rss_mb"] / max(1e-9, small["server_peak_rss_mb"]), 2),
+                "client_rss_growth": round(large["client_peak_rss_mb"] / max(1e-9, small["client_peak_rss_mb"]), 2),
+                "cpus": os.cpu_count(),
+                "target_tool_steps_per_s": 8000,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ Both arms start from the same champion with the same settings (seeds included); 
 line: per arm the mean sync bytes, sync seconds, train seconds and step seconds from its metrics.jsonl, the
 v2 and v1 greedy differences; and the LoRA / full ratios.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,17 +26,32 @@ def arm(args, name: str, sets: list[str], champion: Path, out: Path) -> dict:
     run = out / name
     extra = [x for pair in sets for x in ("--set", pair)]
     run_cli(args, *extra, "train", "--init", str(champion), "--run-dir", str(run), threads=args.threads)
-    diff = run_cli(args, "eval", "--model", str(run / "model"), "--against", str(champion), "--toolset", "2", "1",
-                   threads=args.threads)
+    diff = run_cli(
+        args,
+        "eval",
+        "--model",
+        str(run / "model"),
+        "--against",
+        str(champion),
+        "--toolset",
+        "2",
+        "1",
+        threads=args.threads,
+    )
     steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
     def mean(key: str) -> float:
         return statistics.fmean(m[key] for m in steps)
 
-    return {"steps": len(steps), "sync_bytes": mean("weight_sync_bytes"), "sync_s": round(mean("weight_sync_s"), 4),
-            "train_s": round(mean("train_s"), 3), "step_s": round(mean("rollout_s") + mean("train_s")
-                                                                   + mean("weight_sync_s"), 3),
-            "v2_greedy": diff["2"]["greedy_success"]["difference"], "v1_greedy": diff["1"]["greedy_success"]["difference"]}
+    return {
+        "steps": len(steps),
+        "sync_bytes": mean("weight_sync_bytes"),
+        "sync_s": round(mean("weight_sync_s"), 4),
+        "train_s": round(mean("train_s"), 3),
+        "step_s": round(mean("rollout_s") + mean("train_s") + mean("weight_sync_s"), 3),
+        "v2_greedy": diff["2"]["greedy_success"]["difference"],
+        "v1_greedy": diff["1"]["greedy_success"]["difference"],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,10 +60,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rank", type=int, default=8, help="grpo.lora.rank of the LoRA arm")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default=str(ROOT / "runs" / "lora"))
-    ap.add_argument("--set", action="append", default=["grpo.steps=10"], metavar="SECTION.FIELD=VALUE",
-                    help="for every command of both arms (default grpo.steps=10)")
-    ap.add_argument("--lora-set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
-                    help="for the LoRA arm's training only")
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=["grpo.steps=10"],
+        metavar="SECTION.FIELD=VALUE",
+        help="for every command of both arms (default grpo.steps=10)",
+    )
+    ap.add_argument(
+        "--lora-set",
+        action="append",
+        default=[],
+        metavar="SECTION.FIELD=VALUE",
+        help="for the LoRA arm's training only",
+    )
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -16,6 +16,7 @@ The engine is built once before timing (as a rollout worker does once per run); 
 reported separately (engine_build_s). Without --model, the trained champion under runs/local is used
 if present, else a random tiny model (which never stops early, so it understates vLLM's advantage).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -60,8 +61,11 @@ def main() -> None:
     model, tok, model_dir = load_model(model_dir)
     torch.set_num_threads(os.cpu_count())
     tasks = desk.generate_tasks(n_tasks, 4242, load_toolset(settings.env.target_toolset), split="train")
-    limits = {"max_turns": settings.env.max_turns, "max_tokens_per_turn": settings.env.max_tokens_per_turn,
-              "max_len": settings.model.max_len}
+    limits = {
+        "max_turns": settings.env.max_turns,
+        "max_tokens_per_turn": settings.env.max_tokens_per_turn,
+        "max_len": settings.model.max_len,
+    }
     sampling = Sampling(temperature=settings.rollout.temperature, seed=1)
 
     def episodes():
@@ -76,8 +80,13 @@ def main() -> None:
         return eps, stats["generated_tokens"], time.time() - t0, sum(e.score()["success"] for e in eps) / len(eps)
 
     t0 = time.time()
-    worker = RolloutWorker(str(model_dir), max_len=settings.model.max_len, kv_cache_mb=settings.rollout.kv_cache_mb,
-                           threads=os.cpu_count(), weight_transfer="gloo")
+    worker = RolloutWorker(
+        str(model_dir),
+        max_len=settings.model.max_len,
+        kv_cache_mb=settings.rollout.kv_cache_mb,
+        threads=os.cpu_count(),
+        weight_transfer="gloo",
+    )
     engine = worker.backend
     build_s = time.time() - t0
     eps, v_tokens, v_s, v_success = timed_rollout(engine)
@@ -108,15 +117,28 @@ def main() -> None:
     memcpy_s = time.time() - t0
 
     out = {
-        "bench": "rl_step", "quick": args.quick, "model_dir": str(model_dir), "episodes": len(eps),
-        "vllm_episodes_per_s": len(eps) / v_s, "hf_episodes_per_s": len(h_eps) / h_s,
-        "vllm_tokens_per_s": v_tokens / v_s, "hf_tokens_per_s": h_tokens / h_s,
+        "bench": "rl_step",
+        "quick": args.quick,
+        "model_dir": str(model_dir),
+        "episodes": len(eps),
+        "vllm_episodes_per_s": len(eps) / v_s,
+        "hf_episodes_per_s": len(h_eps) / h_s,
+        "vllm_tokens_per_s": v_tokens / v_s,
+        "hf_tokens_per_s": h_tokens / h_s,
         "episodes_per_s_ratio_vllm_over_hf": (len(eps) / v_s) / (len(h_eps) / h_s),
-        "vllm_success": v_success, "hf_success": h_success,
-        "engine_build_s": build_s, "grpo_step_s": grpo_s, "grpo_trained_tokens": m["trained_tokens"],
-        "weight_bytes": nbytes, "weight_sync_s": sync_s, "weight_sync_collective_s": sync_s,
-        "weight_sync_object_store_s": object_store_s, "weight_sync_backend": sync.backend, "memcpy_s": memcpy_s,
-        "weight_sync_over_memcpy": sync_s / max(memcpy_s, 1e-9), "threads": torch.get_num_threads(),
+        "vllm_success": v_success,
+        "hf_success": h_success,
+        "engine_build_s": build_s,
+        "grpo_step_s": grpo_s,
+        "grpo_trained_tokens": m["trained_tokens"],
+        "weight_bytes": nbytes,
+        "weight_sync_s": sync_s,
+        "weight_sync_collective_s": sync_s,
+        "weight_sync_object_store_s": object_store_s,
+        "weight_sync_backend": sync.backend,
+        "memcpy_s": memcpy_s,
+        "weight_sync_over_memcpy": sync_s / max(memcpy_s, 1e-9),
+        "threads": torch.get_num_threads(),
     }
     print(json.dumps(out))
 

@@ -16,6 +16,7 @@ Prints one JSON line: per metric (v2 and v1 difference, greedy and sampled)
 the mean and sd over draws, and how many draws clear issue 2's floor (v2 at least +25 pts with its 95 %
 interval above zero, at most 5 pts lost on v1, greedy and sampled).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,8 +37,9 @@ def run_cli(args, *command: str, threads: int) -> dict:
     """`python -m tasks <command>` with the bench's --set pairs; its last stdout line as JSON."""
     sets = [x for pair in args.set for x in ("--set", pair)]
     env = os.environ | {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": str(threads), "RAY_TRAIN_V2_ENABLED": "1"}
-    done = subprocess.run([sys.executable, "-m", "tasks", *sets, *command], cwd=ROOT, env=env, capture_output=True,
-                          text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "tasks", *sets, *command], cwd=ROOT, env=env, capture_output=True, text=True
+    )
     if done.returncode:
         raise SystemExit(f"python -m tasks {' '.join(command)} failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -58,8 +60,12 @@ def last_model(run: Path, step: int) -> Path:
 
 def passes(draw: dict) -> bool:
     """Issue 2's floor on one draw: v2 +25 pts or more with its interval above zero, v1 at most -5 pts."""
-    return all(draw["2"][k]["difference"]["mean"] >= FLOOR_GAIN and draw["2"][k]["difference"]["low"] > 0
-               and draw["1"][k]["difference"]["mean"] >= FLOOR_LOSS for k in KEYS)
+    return all(
+        draw["2"][k]["difference"]["mean"] >= FLOOR_GAIN
+        and draw["2"][k]["difference"]["low"] > 0
+        and draw["1"][k]["difference"]["mean"] >= FLOOR_LOSS
+        for k in KEYS
+    )
 
 
 def summarize(draws: list[dict]) -> dict:
@@ -70,7 +76,8 @@ def summarize(draws: list[dict]) -> dict:
             out[f"v{toolset}_{key.split('_')[0]}_mean"] = round(statistics.fmean(values), 4) if values else None
             out[f"v{toolset}_{key.split('_')[0]}_sd"] = round(statistics.stdev(values), 4) if len(values) > 1 else None
     out["mean_passes"] = bool(draws) and all(
-        out[f"v2_{k}_mean"] >= FLOOR_GAIN and out[f"v1_{k}_mean"] >= FLOOR_LOSS for k in ("greedy", "sampled"))
+        out[f"v2_{k}_mean"] >= FLOOR_GAIN and out[f"v1_{k}_mean"] >= FLOOR_LOSS for k in ("greedy", "sampled")
+    )
     return out
 
 
@@ -94,31 +101,77 @@ def main(argv: list[str] | None = None) -> int:
             if all((threads, sft_seed, g) in done for g in args.grpo_seeds):
                 continue
             if not (champion / "config.json").exists():
-                run_cli(args, "--set", f"bootstrap.seed={sft_seed}", "--set", f"bootstrap.threads={threads}",
-                       "bootstrap", "--out", str(champion), threads=threads)
+                run_cli(
+                    args,
+                    "--set",
+                    f"bootstrap.seed={sft_seed}",
+                    "--set",
+                    f"bootstrap.threads={threads}",
+                    "bootstrap",
+                    "--out",
+                    str(champion),
+                    threads=threads,
+                )
             for grpo_seed in args.grpo_seeds:
                 if (threads, sft_seed, grpo_seed) in done:
                     continue
                 run = champion.parent / f"grpo{grpo_seed}"
-                run_cli(args, "--set", f"grpo.seed={grpo_seed}", "--set", f"grpo.threads={threads}", "train",
-                       "--init", str(champion), "--run-dir", str(run), threads=threads)
-                diff = run_cli(args, "eval", "--model", str(run / "model"), "--against", str(champion),
-                              "--toolset", "2", "1", threads=threads)
+                run_cli(
+                    args,
+                    "--set",
+                    f"grpo.seed={grpo_seed}",
+                    "--set",
+                    f"grpo.threads={threads}",
+                    "train",
+                    "--init",
+                    str(champion),
+                    "--run-dir",
+                    str(run),
+                    threads=threads,
+                )
+                diff = run_cli(
+                    args,
+                    "eval",
+                    "--model",
+                    str(run / "model"),
+                    "--against",
+                    str(champion),
+                    "--toolset",
+                    "2",
+                    "1",
+                    threads=threads,
+                )
                 draw = {"threads": threads, "sft_seed": sft_seed, "grpo_seed": grpo_seed, **diff}
                 if (run / "selection.json").exists():  # with grpo.validation_tasks: the last step beside the choice
                     choice = json.loads((run / "selection.json").read_text())
                     draw["chosen_step"], draw["last_step"] = choice["step"], choice["last_step"]
-                    draw["last"] = diff if choice["step"] == choice["last_step"] else run_cli(
-                        args, "eval", "--model", str(last_model(run, choice["last_step"])), "--against",
-                        str(champion), "--toolset", "2", "1", threads=threads)
+                    draw["last"] = (
+                        diff
+                        if choice["step"] == choice["last_step"]
+                        else run_cli(
+                            args,
+                            "eval",
+                            "--model",
+                            str(last_model(run, choice["last_step"])),
+                            "--against",
+                            str(champion),
+                            "--toolset",
+                            "2",
+                            "1",
+                            threads=threads,
+                        )
+                    )
                     draw["last"]["passes"] = passes(draw["last"])
                 draw["passes"] = passes(draw)
                 with open(ledger, "a") as f:
                     f.write(json.dumps(draw) + "\n")
                 draws.append(draw)
-                print(f"draw t{threads} sft{sft_seed} grpo{grpo_seed}: v2 greedy {draw['2']['greedy_success']['difference']['mean']:+.3f}"
-                      f" v1 greedy {draw['1']['greedy_success']['difference']['mean']:+.3f} passes={draw['passes']}"
-                      f" ({time.time() - t0:.0f}s)", file=sys.stderr)
+                print(
+                    f"draw t{threads} sft{sft_seed} grpo{grpo_seed}: v2 greedy {draw['2']['greedy_success']['difference']['mean']:+.3f}"
+                    f" v1 greedy {draw['1']['greedy_success']['difference']['mean']:+.3f} passes={draw['passes']}"
+                    f" ({time.time() - t0:.0f}s)",
+                    file=sys.stderr,
+                )
     report = summarize(draws)
     if with_last := [d["last"] for d in draws if "last" in d]:  # the same draws, had the last step been taken
         report["last_step"] = summarize(with_last)

@@ -12,6 +12,7 @@ with the reference `jsonschema` validator, on the same rows.
 The traces are 2,000 scripted episodes (tasks.signals.simulate), copied with fresh trace ids into one
 plain JSONL file per size, so the figure measures ingestion rather than the simulator or gzip.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,17 +48,24 @@ def write_input(path: Path, lines: list[bytes], n: int) -> None:
     with open(path, "wb", buffering=1 << 22) as f:
         for i in range(n):
             line = lines[i % len(lines)]
-            f.write(prefix + b"%020x" % i + line[len(prefix) + 20:] + b"\n")
+            f.write(prefix + b"%020x" % i + line[len(prefix) + 20 :] + b"\n")
 
 
 def run_ingest(input_path: Path, out_dir: Path) -> dict:
     """Ingest in a child process; returns its summary, wall seconds and peak RSS (MiB)."""
-    code = ("import json,sys,resource; from tasks.config import load_settings; from tasks.signals.ingest import ingest;"
-            f"s=ingest({str(input_path)!r},{str(out_dir)!r},load_settings().ingest,docs=False);"
-            "s['peak_rss_mib']=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss/1024; print(json.dumps(s))")
+    code = (
+        "import json,sys,resource; from tasks.config import load_settings; from tasks.signals.ingest import ingest;"
+        f"s=ingest({str(input_path)!r},{str(out_dir)!r},load_settings().ingest,docs=False);"
+        "s['peak_rss_mib']=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss/1024; print(json.dumps(s))"
+    )
     started = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     if proc.returncode:
         raise SystemExit(f"ingest of {input_path} failed:\n{proc.stderr[-3000:]}")
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -82,7 +90,11 @@ def parse_peer_ratio(lines: list[bytes], rows: int = 5000) -> dict:
     for line in sample:
         validator.validate(json.loads(line.decode()))
     peer = rows / (time.perf_counter() - t)
-    return {"row_check_per_s": round(ours), "peer_row_check_per_s": round(peer), "row_check_speedup": round(ours / peer, 2)}
+    return {
+        "row_check_per_s": round(ours),
+        "peer_row_check_per_s": round(peer),
+        "row_check_speedup": round(ours / peer, 2),
+    }
 
 
 def main() -> None:
@@ -109,14 +121,23 @@ def main() -> None:
         report = compare(ref, cur, load_settings().drift)
         drift_s = time.perf_counter() - t
     big = runs[large]
-    print(json.dumps({
-        "traces": large, "traces_per_s": round(large / (big["seconds"] + drift_s)),
-        "ingest_seconds": big["seconds"], "drift_seconds": round(drift_s, 3), "drifted": report.drifted,
-        "rows_accepted": big["rows_accepted"], "rows_quarantined": big["rows_quarantined"],
-        f"peak_rss_mib_{small}": round(runs[small]["peak_rss_mib"], 1), f"peak_rss_mib_{large}": round(big["peak_rss_mib"], 1),
-        "peak_rss_ratio": round(big["peak_rss_mib"] / runs[small]["peak_rss_mib"], 3),
-        **parse_peer_ratio(lines),
-    }))
+    print(
+        json.dumps(
+            {
+                "traces": large,
+                "traces_per_s": round(large / (big["seconds"] + drift_s)),
+                "ingest_seconds": big["seconds"],
+                "drift_seconds": round(drift_s, 3),
+                "drifted": report.drifted,
+                "rows_accepted": big["rows_accepted"],
+                "rows_quarantined": big["rows_quarantined"],
+                f"peak_rss_mib_{small}": round(runs[small]["peak_rss_mib"], 1),
+                f"peak_rss_mib_{large}": round(big["peak_rss_mib"], 1),
+                "peak_rss_ratio": round(big["peak_rss_mib"] / runs[small]["peak_rss_mib"], 3),
+                **parse_peer_ratio(lines),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

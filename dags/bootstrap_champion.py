@@ -8,6 +8,7 @@ it becomes `champion` when the registry has none. With a champion already there 
 
 **Params**: `force`, `sft_steps` (SFT steps, default `bootstrap.steps`), `overrides` ({"section.field": value}).
 """
+
 from __future__ import annotations
 
 from airflow.sdk import Param
@@ -23,7 +24,9 @@ from tasks.stages import models
     tags=["bootstrap", "mlflow"],
     params={
         "force": Param(False, type="boolean", description="bootstrap even when a champion exists"),
-        "sft_steps": Param(None, type=["null", "integer"], minimum=1, description="SFT steps (default bootstrap.steps)"),
+        "sft_steps": Param(
+            None, type=["null", "integer"], minimum=1, description="SFT steps (default bootstrap.steps)"
+        ),
         "overrides": Param({}, type="object", description='any setting, e.g. {"bootstrap.batch_size": 16}'),
     },
 )

@@ -23,6 +23,7 @@ nothing to learn.
 setting), `fail_training_at_step` (a failure drill: the GRPO job raises at that step).
 Everything it produced is in `runs/airflow/continuous_post_training/<run_id>/` and in the run's MLflow run.
 """
+
 from __future__ import annotations
 
 from datetime import datetime, timedelta
@@ -52,45 +53,73 @@ def _toolset_kwargs(toolset: str) -> dict:
     schedule=AssetOrTimeSchedule(timetable=CronTriggerTimetable("0 2 * * *", timezone="UTC"), assets=_assets),
     tags=["training", "ray", "mlflow"],
     params={
-        "target_toolset": Param(None, type=["null", "string"], description="toolset the agent must serve (default: env.target_toolset)"),
-        "grpo_steps": Param(None, type=["null", "integer"], minimum=1, description="GRPO updates (default: grpo.steps)"),
-        "eval_tasks": Param(None, type=["null", "integer"], minimum=8, description="held-out tasks per toolset (default: eval.num_tasks)"),
-        "max_cost_usd": Param(None, type=["null", "number"], minimum=0, description="budget (promotion.max_cost_usd): a run that costs more is not promoted"),
+        "target_toolset": Param(
+            None, type=["null", "string"], description="toolset the agent must serve (default: env.target_toolset)"
+        ),
+        "grpo_steps": Param(
+            None, type=["null", "integer"], minimum=1, description="GRPO updates (default: grpo.steps)"
+        ),
+        "eval_tasks": Param(
+            None,
+            type=["null", "integer"],
+            minimum=8,
+            description="held-out tasks per toolset (default: eval.num_tasks)",
+        ),
+        "max_cost_usd": Param(
+            None,
+            type=["null", "number"],
+            minimum=0,
+            description="budget (promotion.max_cost_usd): a run that costs more is not promoted",
+        ),
         "force": Param(False, type="boolean", description="train even without drift or new data"),
         "overrides": Param({}, type="object", description='any setting, e.g. {"grpo.tasks_per_step": 8}'),
-        "fail_training_at_step": Param(None, type=["null", "integer"], description="failure drill: GRPO raises at this step"),
+        "fail_training_at_step": Param(
+            None, type=["null", "integer"], description="failure drill: GRPO raises at this step"
+        ),
     },
 )
 def continuous_post_training():
     run = StageOperator(python_callable=report.open_run)
     with TaskGroup("signals"):
         verdict = StageOperator(python_callable=signals.validate_data)
-        branch = StageBranchOperator(python_callable=signals.should_train,
-                                     follow={True: "toolsets", False: "signals.skip"})
+        branch = StageBranchOperator(
+            python_callable=signals.should_train, follow={True: "toolsets", False: "signals.skip"}
+        )
         skipped = StageOperator(python_callable=signals.skip)
         run >> verdict >> branch >> skipped  # validate_data logs under the run's MLflow run, which open_run creates
     toolsets = StageOperator(python_callable=rollouts.toolsets)
     branch >> toolsets
     built = StageOperator.partial(task_id="build_tasks", python_callable=rollouts.build_tasks).expand(
-        op_kwargs=toolsets.output.map(_toolset_kwargs))
+        op_kwargs=toolsets.output.map(_toolset_kwargs)
+    )
 
     setup = RayClusterOperator(task_id="ray_cluster_setup", action="setup")
     teardown = RayClusterOperator(task_id="ray_cluster_teardown", action="teardown", trigger_rule="all_done")
     # the stages find the cluster in the run directory (cluster.json); the Ray job operator gets it as XCom
     probes = StageOperator.partial(task_id="probe_rollouts", python_callable=rollouts.probe_rollouts).expand(
-        op_kwargs=[{"shard": shard, "num_shards": len(rollouts.PROBE_SHARDS)} for shard in rollouts.PROBE_SHARDS])
+        op_kwargs=[{"shard": shard, "num_shards": len(rollouts.PROBE_SHARDS)} for shard in rollouts.PROBE_SHARDS]
+    )
     command = StageOperator(python_callable=training.grpo_command, multiple_outputs=True)
     built >> setup >> probes >> command
-    grpo = RayJobOperator(task_id="grpo_update", entrypoint=command.output["entrypoint"], cluster=setup.output,
-                          env_vars=command.output["env_vars"], timeout=job_timeout(),
-                          retries=0)  # a failed update is rerun by a new DAG run, resuming from its checkpoints
+    grpo = RayJobOperator(
+        task_id="grpo_update",
+        entrypoint=command.output["entrypoint"],
+        cluster=setup.output,
+        env_vars=command.output["env_vars"],
+        timeout=job_timeout(),
+        retries=0,
+    )  # a failed update is rerun by a new DAG run, resuming from its checkpoints
     trained = StageOperator(python_callable=training.record_training, op_kwargs={"job": grpo.output})
     evals = StageOperator(python_callable=evaluation.evaluate)
     trained >> evals
-    (evals >> StageOperator(python_callable=evaluation.validate_evals) >> StageOperator(python_callable=promotion.cost)
-     >> StageOperator(python_callable=promotion.gate)
-     >> StageOperator(python_callable=promotion.move_aliases, pool=REGISTRY_POOL)  # one alias move at a time
-     >> teardown.as_teardown(setups=setup))
+    (
+        evals
+        >> StageOperator(python_callable=evaluation.validate_evals)
+        >> StageOperator(python_callable=promotion.cost)
+        >> StageOperator(python_callable=promotion.gate)
+        >> StageOperator(python_callable=promotion.move_aliases, pool=REGISTRY_POOL)  # one alias move at a time
+        >> teardown.as_teardown(setups=setup)
+    )
     # not downstream of the branch itself: a branch skips its direct downstream tasks it did not choose
     [teardown, skipped] >> StageOperator(python_callable=report.summarize, trigger_rule="all_done", retries=0)
 

@@ -11,6 +11,7 @@ An hourly monitor sees each finished day many times: a window is announced once 
 **Params**: `window` ("START/END", RFC 3339 dates; default: the last `monitor.window_days` whole days),
 `reference_days` (default `drift.reference_days`). Outputs: `runs/airflow/drift_monitor/`.
 """
+
 from __future__ import annotations
 
 from datetime import timedelta
@@ -28,8 +29,12 @@ from tasks.stages import signals
     schedule="@hourly",
     tags=["signals", "drift"],
     params={
-        "window": Param(None, type=["null", "string"], description="START/END of the current window (default: last whole days)"),
-        "reference_days": Param(None, type=["null", "integer"], minimum=1, description="days before the window to compare with"),
+        "window": Param(
+            None, type=["null", "string"], description="START/END of the current window (default: last whole days)"
+        ),
+        "reference_days": Param(
+            None, type=["null", "integer"], minimum=1, description="days before the window to compare with"
+        ),
     },
 )
 def drift_monitor():

@@ -4,6 +4,7 @@
 Manual: moves the MLflow `champion` alias back to `previous` (and `previous` to the rolled-back version),
 once per DAG run, with the reason tagged on the version. Refuses unless `confirm` is true.
 """
+
 from __future__ import annotations
 
 from airflow.sdk import Param

@@ -6,6 +6,7 @@ as traces (date=YYYY-MM-DD partitions) where `drift_monitor` reads them; with `t
 registry switches to the target (v2) at midnight before the last day, as a real tool release would.
 Manual only; `make demo` runs it. Not part of a production deployment.
 """
+
 from __future__ import annotations
 
 from airflow.sdk import Param

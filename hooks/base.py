@@ -25,6 +25,7 @@ of hooks/, operators/ and triggers/ would name in its entry point.
 
 Tests: tests/unit/operators/test_hooks.py.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -75,6 +76,7 @@ class OptionalConnectionHook(BaseHook):
             raise AirflowNotFoundException(
                 f"connection {self.conn_id!r} ({self.hook_name}, conn_type {self.conn_type}) is not defined: add it "
                 f"(Admin > Connections, {env}, or the secrets backend), or leave conn_id at "
-                f"{self.default_conn_name!r} to run on the explicit arguments alone") from None
+                f"{self.default_conn_name!r} to run on the explicit arguments alone"
+            ) from None
         self.log.debug("no %s connection %r: using the explicit arguments", self.hook_name, self.conn_id)
         return None

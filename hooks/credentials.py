@@ -12,6 +12,7 @@ Connections (both optional; the default names are looked up, nothing else):
 Secrets never go into XCom, trigger kwargs, settings files or logs: they live in the task process's
 environment for as long as it runs.
 """
+
 from __future__ import annotations
 
 import json
@@ -43,19 +44,30 @@ class S3CredentialsHook(_CredentialsHook):
     default_conn_name, conn_type, hook_name = "evergreen_s3", "aws", "Evergreen S3"
 
     def variables(self, conn, extra: dict) -> dict:
-        return {"AWS_ACCESS_KEY_ID": conn.login, "AWS_SECRET_ACCESS_KEY": conn.password,
-                "AWS_SESSION_TOKEN": extra.get("aws_session_token"), "AWS_DEFAULT_REGION": extra.get("region_name"),
-                "EVERGREEN_S3_ENDPOINT_URL": extra.get("endpoint_url"), "AWS_ENDPOINT_URL": extra.get("endpoint_url")}
+        return {
+            "AWS_ACCESS_KEY_ID": conn.login,
+            "AWS_SECRET_ACCESS_KEY": conn.password,
+            "AWS_SESSION_TOKEN": extra.get("aws_session_token"),
+            "AWS_DEFAULT_REGION": extra.get("region_name"),
+            "EVERGREEN_S3_ENDPOINT_URL": extra.get("endpoint_url"),
+            "AWS_ENDPOINT_URL": extra.get("endpoint_url"),
+        }
 
 
 class MlflowCredentialsHook(_CredentialsHook):
     default_conn_name, conn_type, hook_name = "evergreen_mlflow", "http", "Evergreen MLflow"
 
     def variables(self, conn, extra: dict) -> dict:
-        return {"MLFLOW_TRACKING_USERNAME": conn.login, "MLFLOW_TRACKING_PASSWORD": conn.password,
-                "MLFLOW_TRACKING_TOKEN": extra.get("token")}
+        return {
+            "MLFLOW_TRACKING_USERNAME": conn.login,
+            "MLFLOW_TRACKING_PASSWORD": conn.password,
+            "MLFLOW_TRACKING_TOKEN": extra.get("token"),
+        }
 
 
 def stage_credentials() -> dict[str, str]:
     """The environment the deployment's connections give a stage ({} where none is defined)."""
-    return {**S3CredentialsHook("evergreen_s3").environment(), **MlflowCredentialsHook("evergreen_mlflow").environment()}
+    return {
+        **S3CredentialsHook("evergreen_s3").environment(),
+        **MlflowCredentialsHook("evergreen_mlflow").environment(),
+    }

@@ -32,6 +32,7 @@ names another; `.status.state` becomes "ready" once every pod is ready; with spe
 
 Tests: tests/unit/operators/test_kuberay.py (a small HTTP server stands in for the Kubernetes API).
 """
+
 from __future__ import annotations
 
 import base64
@@ -72,13 +73,27 @@ class KubeRayHook(OptionalConnectionHook):
     conn_type = "kuberay"
     hook_name = "KubeRay"
 
-    def __init__(self, namespace: str | None = None, config_file: str | None = None, context: str | None = None,
-                 in_cluster: bool | None = None, client_configuration: Any = None,
-                 cluster_domain: str | None = None, request_timeout: float = 30.0, *,
-                 conn_id: str | None = default_conn_name, logger_name: str | None = None) -> None:
+    def __init__(
+        self,
+        namespace: str | None = None,
+        config_file: str | None = None,
+        context: str | None = None,
+        in_cluster: bool | None = None,
+        client_configuration: Any = None,
+        cluster_domain: str | None = None,
+        request_timeout: float = 30.0,
+        *,
+        conn_id: str | None = default_conn_name,
+        logger_name: str | None = None,
+    ) -> None:
         super().__init__(conn_id, logger_name=logger_name)
-        self._given = {"namespace": namespace, "config_file": config_file, "context": context,
-                       "in_cluster": in_cluster, "cluster_domain": cluster_domain}
+        self._given = {
+            "namespace": namespace,
+            "config_file": config_file,
+            "context": context,
+            "in_cluster": in_cluster,
+            "cluster_domain": cluster_domain,
+        }
         self.client_configuration, self.request_timeout = client_configuration, request_timeout
         self._extra: dict | None = None
         self._api_client = None
@@ -130,15 +145,24 @@ class KubeRayHook(OptionalConnectionHook):
                         config.load_incluster_config(client_configuration=cfg)
                     else:
                         # persist_config=False: never write refreshed credentials back into the user's kubeconfig
-                        config.load_kube_config(config_file=self.config_file, context=self.context,
-                                                client_configuration=cfg, persist_config=False)
+                        config.load_kube_config(
+                            config_file=self.config_file,
+                            context=self.context,
+                            client_configuration=cfg,
+                            persist_config=False,
+                        )
                 except (config.ConfigException, OSError) as e:
-                    where = "the pod's service account" if in_cluster else \
-                        f"kubeconfig {self.config_file or '$KUBECONFIG or ~/.kube/config'}" + \
-                        (f" (context {self.context})" if self.context else "")
-                    raise KubeRayError(f"no usable Kubernetes API config from {where}: {str(e).rstrip('.')}. Run "
-                                       "inside a pod with a service account, or pass config_file=/path/to/kubeconfig "
-                                       "(and context=NAME), or set KUBECONFIG") from None
+                    where = (
+                        "the pod's service account"
+                        if in_cluster
+                        else f"kubeconfig {self.config_file or '$KUBECONFIG or ~/.kube/config'}"
+                        + (f" (context {self.context})" if self.context else "")
+                    )
+                    raise KubeRayError(
+                        f"no usable Kubernetes API config from {where}: {str(e).rstrip('.')}. Run "
+                        "inside a pod with a service account, or pass config_file=/path/to/kubeconfig "
+                        "(and context=NAME), or set KUBECONFIG"
+                    ) from None
             self._api_client = client.ApiClient(cfg)
         return self._api_client
 
@@ -166,8 +190,10 @@ class KubeRayHook(OptionalConnectionHook):
             raise
         except HTTPError as e:
             host = getattr(self.get_conn().configuration, "host", "?")
-            raise KubeRayError(f"{what}: cannot reach the Kubernetes API at {host} ({e}); check the kubeconfig / "
-                               "in-cluster config and that the API server is reachable from here") from None
+            raise KubeRayError(
+                f"{what}: cannot reach the Kubernetes API at {host} ({e}); check the kubeconfig / "
+                "in-cluster config and that the API server is reachable from here"
+            ) from None
 
     def _api_error(self, e, what: str) -> KubeRayError:
         try:
@@ -177,9 +203,9 @@ class KubeRayHook(OptionalConnectionHook):
         hint = {
             401: "the credentials were refused: refresh the kubeconfig or the service account token",
             403: f"the service account lacks RBAC for this in namespace {self.namespace}: apply "
-                 "include/deploy/kuberay/rbac.yaml (and check the Helm values' service account names match its subjects)",
+            "include/deploy/kuberay/rbac.yaml (and check the Helm values' service account names match its subjects)",
             404: f"the RayCluster CRD or namespace {self.namespace!r} does not exist: install the KubeRay operator "
-                 "(helm install kuberay-operator kuberay/kuberay-operator) and create the namespace",
+            "(helm install kuberay-operator kuberay/kuberay-operator) and create the namespace",
             422: "the API server rejected the manifest: fix the field it names (render_raycluster validates most)",
         }.get(e.status, "see the message; `kubectl -n %s get events` may say more" % self.namespace)
         return KubeRayError(f"{what}: HTTP {e.status} {message}; {hint}")
@@ -190,8 +216,15 @@ class KubeRayHook(OptionalConnectionHook):
         from kubernetes.client.exceptions import ApiException
 
         try:
-            return self._call(f"get RayCluster {self.namespace}/{name}", self._custom().get_namespaced_custom_object,
-                              GROUP, VERSION, self.namespace, PLURAL, name)
+            return self._call(
+                f"get RayCluster {self.namespace}/{name}",
+                self._custom().get_namespaced_custom_object,
+                GROUP,
+                VERSION,
+                self.namespace,
+                PLURAL,
+                name,
+            )
         except ApiException as e:
             if e.status == 404:
                 return None
@@ -208,15 +241,20 @@ class KubeRayHook(OptionalConnectionHook):
         meta = manifest.get("metadata") or {}
         name, namespace = meta.get("name"), meta.get("namespace") or self.namespace
         if namespace != self.namespace:
-            raise KubeRayError(f"RayCluster {name!r} is for namespace {namespace!r} but this hook works in "
-                               f"{self.namespace!r}: render it with the hook's namespace, or build the hook with "
-                               f"namespace={namespace!r}")
+            raise KubeRayError(
+                f"RayCluster {name!r} is for namespace {namespace!r} but this hook works in "
+                f"{self.namespace!r}: render it with the hook's namespace, or build the hook with "
+                f"namespace={namespace!r}"
+            )
         what = f"create RayCluster {namespace}/{name}"
         for attempt in range(2):
             try:
-                obj = self._call(what, self._custom().create_namespaced_custom_object,
-                                 GROUP, VERSION, namespace, PLURAL, manifest)
-                self.log.info("created RayCluster %s/%s (uid %s)", namespace, name, (obj.get("metadata") or {}).get("uid"))
+                obj = self._call(
+                    what, self._custom().create_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, manifest
+                )
+                self.log.info(
+                    "created RayCluster %s/%s (uid %s)", namespace, name, (obj.get("metadata") or {}).get("uid")
+                )
                 return obj
             except ApiException as e:
                 if e.status != 409:
@@ -232,8 +270,9 @@ class KubeRayHook(OptionalConnectionHook):
                 continue
             self.log.warning("RayCluster %s/%s already exists (a retried setup?): reusing it", namespace, name)
             return existing
-        raise KubeRayError(f"{what}: the name stays taken; delete it (kubectl -n {namespace} delete raycluster {name}) "
-                           "and retry")
+        raise KubeRayError(
+            f"{what}: the name stays taken; delete it (kubectl -n {namespace} delete raycluster {name}) and retry"
+        )
 
     def wait_ready(self, name: str, timeout: float = 900.0, poll: float = 5.0) -> dict:
         """Poll until `.status.state == "ready"`; returns the cluster. Logs progress when the state changes and
@@ -243,26 +282,45 @@ class KubeRayHook(OptionalConnectionHook):
         while True:
             obj = self.get_cluster(name)
             if obj is None:
-                raise KubeRayError(f"RayCluster {self.namespace}/{name} does not exist (deleted while waiting?); "
-                                   f"check `kubectl -n {self.namespace} get events` and create it again")
+                raise KubeRayError(
+                    f"RayCluster {self.namespace}/{name} does not exist (deleted while waiting?); "
+                    f"check `kubectl -n {self.namespace} get events` and create it again"
+                )
             status = obj.get("status") or {}
             state = status.get("state") or ""
             now = time.monotonic()
             if state == "ready":
-                self.log.info("RayCluster %s/%s ready after %.0fs (%s/%s workers ready)", self.namespace, name,
-                              now - start, status.get("readyWorkerReplicas", 0), status.get("desiredWorkerReplicas", 0))
+                self.log.info(
+                    "RayCluster %s/%s ready after %.0fs (%s/%s workers ready)",
+                    self.namespace,
+                    name,
+                    now - start,
+                    status.get("readyWorkerReplicas", 0),
+                    status.get("desiredWorkerReplicas", 0),
+                )
                 return obj
             if state.lower() == "failed":
-                raise KubeRayError(f"RayCluster {self.namespace}/{name} failed: {status.get('reason') or 'no reason given'}"
-                                   f"; {self._diagnosis(name, obj)}")
+                raise KubeRayError(
+                    f"RayCluster {self.namespace}/{name} failed: {status.get('reason') or 'no reason given'}"
+                    f"; {self._diagnosis(name, obj)}"
+                )
             if state != last_state or now - last_log >= 30:
-                self.log.info("RayCluster %s/%s: state=%s, workers ready %s/%s, %.0fs of %.0fs", self.namespace, name,
-                              state or "(none yet)", status.get("readyWorkerReplicas", 0),
-                              status.get("desiredWorkerReplicas", "?"), now - start, timeout)
+                self.log.info(
+                    "RayCluster %s/%s: state=%s, workers ready %s/%s, %.0fs of %.0fs",
+                    self.namespace,
+                    name,
+                    state or "(none yet)",
+                    status.get("readyWorkerReplicas", 0),
+                    status.get("desiredWorkerReplicas", "?"),
+                    now - start,
+                    timeout,
+                )
                 last_state, last_log = state, now
             if now >= deadline:
-                raise KubeRayTimeout(f"RayCluster {self.namespace}/{name} not ready after {timeout:.0f}s "
-                                     f"(state={state or 'none'}); {self._diagnosis(name, obj)}")
+                raise KubeRayTimeout(
+                    f"RayCluster {self.namespace}/{name} not ready after {timeout:.0f}s "
+                    f"(state={state or 'none'}); {self._diagnosis(name, obj)}"
+                )
             time.sleep(max(0.0, min(poll, deadline - now)))
 
     def _diagnosis(self, name: str, obj: dict) -> str:
@@ -275,13 +333,20 @@ class KubeRayHook(OptionalConnectionHook):
         try:
             pods = self._core().list_namespaced_pod(ns, label_selector=f"ray.io/cluster={name}").items
             for pod in pods:
-                reasons = [f"{c.reason}: {c.message}" for c in (pod.status.conditions or [])
-                           if c.status == "False" and c.message]
+                reasons = [
+                    f"{c.reason}: {c.message}"
+                    for c in (pod.status.conditions or [])
+                    if c.status == "False" and c.message
+                ]
                 for cs in pod.status.container_statuses or []:
                     waiting = cs.state.waiting if cs.state else None
                     if waiting and waiting.reason:
-                        reasons.append(f"{cs.name} {waiting.reason}" + (f": {waiting.message}" if waiting.message else ""))
-                lines.append(f"pod {pod.metadata.name} {pod.status.phase}" + (f" ({'; '.join(reasons)})" if reasons else ""))
+                        reasons.append(
+                            f"{cs.name} {waiting.reason}" + (f": {waiting.message}" if waiting.message else "")
+                        )
+                lines.append(
+                    f"pod {pod.metadata.name} {pod.status.phase}" + (f" ({'; '.join(reasons)})" if reasons else "")
+                )
             if not pods:
                 lines.append("no pods yet: is the KubeRay operator running and watching this namespace?")
         except Exception as e:  # diagnostics must never hide the real error
@@ -292,7 +357,8 @@ class KubeRayHook(OptionalConnectionHook):
             f"kubectl -n {ns} get events --sort-by=.lastTimestamp; the KubeRay operator's log. Pending pods: no node "
             "has the cpu/memory/nvidia.com/gpu the template asks for (lower it or add nodes); ImagePullBackOff: the "
             "nodes cannot pull the image (push it, set ray.kuberay_image); no state at all: the operator is not "
-            "running or is older than the manifest's fields (authOptions needs KubeRay >= 1.5.1)")
+            "running or is older than the manifest's fields (authOptions needs KubeRay >= 1.5.1)"
+        )
 
     def delete_cluster(self, name: str, wait: bool = True, timeout: float = 300.0, poll: float = 2.0) -> bool:
         """Delete the RayCluster (and, through Foreground propagation, its pods before it); idempotent.
@@ -304,8 +370,16 @@ class KubeRayHook(OptionalConnectionHook):
 
         what = f"delete RayCluster {self.namespace}/{name}"
         try:
-            self._call(what, self._custom().delete_namespaced_custom_object, GROUP, VERSION, self.namespace, PLURAL,
-                       name, propagation_policy="Foreground")
+            self._call(
+                what,
+                self._custom().delete_namespaced_custom_object,
+                GROUP,
+                VERSION,
+                self.namespace,
+                PLURAL,
+                name,
+                propagation_policy="Foreground",
+            )
         except ApiException as e:
             if e.status == 404:
                 self.log.info("RayCluster %s/%s does not exist: nothing to delete", self.namespace, name)
@@ -324,7 +398,8 @@ class KubeRayHook(OptionalConnectionHook):
                     f"RayCluster {self.namespace}/{name} still exists {timeout:.0f}s after its deletion: a finalizer "
                     f"may hold it (kubectl -n {self.namespace} get raycluster {name} -o jsonpath='{{.metadata.finalizers}}') "
                     f"or its pods do not terminate (kubectl -n {self.namespace} get pods -l ray.io/cluster={name}); "
-                    "check that the KubeRay operator is running")
+                    "check that the KubeRay operator is running"
+                )
             time.sleep(poll)
         self.log.info("RayCluster %s/%s gone after %.0fs", self.namespace, name, time.monotonic() - start)
 
@@ -340,13 +415,17 @@ class KubeRayHook(OptionalConnectionHook):
         if obj is None:
             raise KubeRayError(f"RayCluster {self.namespace}/{name} does not exist: create it first (create_and_wait)")
         head = (obj.get("spec") or {}).get("headGroupSpec") or {}
-        service = (((obj.get("status") or {}).get("head") or {}).get("serviceName")
-                   or (((head.get("headService") or {}).get("metadata") or {}).get("name"))
-                   or f"{name}-head-svc")
+        service = (
+            ((obj.get("status") or {}).get("head") or {}).get("serviceName")
+            or (((head.get("headService") or {}).get("metadata") or {}).get("name"))
+            or f"{name}-head-svc"
+        )
         params = head.get("rayStartParams") or {}
         host = f"{service}.{self.namespace}.svc.{self.cluster_domain}"
-        return {"address": f"{host}:{int(params.get('port', DEFAULT_GCS_PORT))}",
-                "dashboard_url": f"http://{host}:{int(params.get('dashboard-port', DEFAULT_DASHBOARD_PORT))}"}
+        return {
+            "address": f"{host}:{int(params.get('port', DEFAULT_GCS_PORT))}",
+            "dashboard_url": f"http://{host}:{int(params.get('dashboard-port', DEFAULT_DASHBOARD_PORT))}",
+        }
 
     def create_and_wait(self, manifest: dict, timeout: float = 900.0, poll: float = 5.0) -> dict:
         """Create the cluster, wait until ready; returns {"backend", "name", "namespace", "address", "dashboard_url"}.
@@ -378,8 +457,10 @@ class KubeRayHook(OptionalConnectionHook):
             secret = self._call(what, self._core().read_namespaced_secret, secret_name, self.namespace)
         except ApiException as e:
             if e.status == 404:
-                raise KubeRayError(f"{what}: not found; KubeRay creates it for authOptions.mode=token from v1.5.1 on: "
-                                   "upgrade the operator, or create it (key auth_token) and set authOptions.secretName") from None
+                raise KubeRayError(
+                    f"{what}: not found; KubeRay creates it for authOptions.mode=token from v1.5.1 on: "
+                    "upgrade the operator, or create it (key auth_token) and set authOptions.secretName"
+                ) from None
             raise self._api_error(e, what) from None
         data = (secret.data or {}).get("auth_token")
         if not data:

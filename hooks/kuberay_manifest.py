@@ -17,6 +17,7 @@ reference): a cluster name is a DNS-1035 label of at most 53 characters; rayStar
 Tests: tests/unit/operators/test_kuberay.py (rendering, validation) and tests/unit/test_deploy_files.py
 (the shipped template and RayJob example pass these checks).
 """
+
 from __future__ import annotations
 
 import copy
@@ -45,8 +46,9 @@ class KubeRayManifestError(ValueError):
 def _unique_label(errors: list[str], where: str, value, seen: set, hint: str, duplicate: str) -> None:
     """A DNS-1123 label not used before among `seen` (container names in a pod, group names in a cluster)."""
     if not isinstance(value, str) or len(value) > 63 or not _DNS1123_LABEL.match(value):
-        errors.append(f"{where}: {value!r} is not a DNS-1123 label (lowercase letters, digits, '-', "
-                      f"<= 63 characters); {hint}")
+        errors.append(
+            f"{where}: {value!r} is not a DNS-1123 label (lowercase letters, digits, '-', <= 63 characters); {hint}"
+        )
     elif value in seen:
         errors.append(f"{where}: {value!r} {duplicate}")
     seen.add(value)
@@ -76,7 +78,9 @@ def _groups(manifest: dict) -> list[tuple[str, dict]]:
 
 
 def _containers(group: dict) -> list[dict]:
-    return [c for c in (((group.get("template") or {}).get("spec") or {}).get("containers") or []) if isinstance(c, dict)]
+    return [
+        c for c in (((group.get("template") or {}).get("spec") or {}).get("containers") or []) if isinstance(c, dict)
+    ]
 
 
 def _merge(base: dict, over: dict, where: str) -> dict:
@@ -97,10 +101,12 @@ def _merge(base: dict, over: dict, where: str) -> dict:
                 if name not in names:
                     raise KubeRayManifestError(
                         f"overrides {here}.{name}: the template has no worker group {name!r} (groups: {names}); "
-                        "use one of those names, or give workerGroupSpecs as a list to replace all groups")
+                        "use one of those names, or give workerGroupSpecs as a list to replace all groups"
+                    )
                 if not isinstance(group_over, dict):
-                    raise KubeRayManifestError(f"overrides {here}.{name}: expected a mapping of group fields, "
-                                               f"got {type(group_over).__name__}")
+                    raise KubeRayManifestError(
+                        f"overrides {here}.{name}: expected a mapping of group fields, got {type(group_over).__name__}"
+                    )
                 i = names.index(name)
                 groups[i] = _merge(groups[i], group_over, f"{here}.{name}")
             out[key] = groups
@@ -119,13 +125,21 @@ def _check_labels(labels: Any, where: str, errors: list[str]) -> None:
         return
     for key, value in labels.items():
         prefix, _, name = str(key).rpartition("/")
-        if not name or len(name) > 63 or not _LABEL_VALUE.match(name) or (prefix and (len(prefix) > 253
-                                                                                      or not _LABEL_PREFIX.match(prefix))):
-            errors.append(f"{where}: label key {key!r} is invalid: use [prefix/]name with name <= 63 characters of "
-                          "[A-Za-z0-9_.-], alphanumeric at both ends (prefix: a DNS subdomain)")
+        if (
+            not name
+            or len(name) > 63
+            or not _LABEL_VALUE.match(name)
+            or (prefix and (len(prefix) > 253 or not _LABEL_PREFIX.match(prefix)))
+        ):
+            errors.append(
+                f"{where}: label key {key!r} is invalid: use [prefix/]name with name <= 63 characters of "
+                "[A-Za-z0-9_.-], alphanumeric at both ends (prefix: a DNS subdomain)"
+            )
         if not isinstance(value, str) or len(value) > 63 or not _LABEL_VALUE.match(value):
-            errors.append(f"{where}: label {key}={value!r} is invalid: a label value is a string of <= 63 characters "
-                          "of [A-Za-z0-9_.-], alphanumeric at both ends (hooks.kuberay_manifest.label_value() makes one)")
+            errors.append(
+                f"{where}: label {key}={value!r} is invalid: a label value is a string of <= 63 characters "
+                "of [A-Za-z0-9_.-], alphanumeric at both ends (hooks.kuberay_manifest.label_value() makes one)"
+            )
 
 
 def _check_group(name: str, group: dict, where: str, errors: list[str]) -> None:
@@ -135,10 +149,13 @@ def _check_group(name: str, group: dict, where: str, errors: list[str]) -> None:
     else:
         for key, value in (params or {}).items():
             if not isinstance(value, str):
-                errors.append(f"{where}.rayStartParams.{key}: {value!r} is a {type(value).__name__}; the CRD takes "
-                              f"strings only: quote it ({key}: \"{value}\")")
-    _check_labels(((group.get("template") or {}).get("metadata") or {}).get("labels"),
-                  f"{where}.template.metadata.labels", errors)
+                errors.append(
+                    f"{where}.rayStartParams.{key}: {value!r} is a {type(value).__name__}; the CRD takes "
+                    f'strings only: quote it ({key}: "{value}")'
+                )
+    _check_labels(
+        ((group.get("template") or {}).get("metadata") or {}).get("labels"), f"{where}.template.metadata.labels", errors
+    )
     containers = _containers(group)
     if not containers:
         errors.append(f"{where}.template.spec.containers: missing or empty; a {name} pod needs its Ray container")
@@ -146,17 +163,25 @@ def _check_group(name: str, group: dict, where: str, errors: list[str]) -> None:
     seen = set()
     for i, container in enumerate(containers):
         cwhere = f"{where}.template.spec.containers[{i}]"
-        _unique_label(errors, f"{cwhere}.name", container.get("name"), seen, "e.g. ray-head / ray-worker",
-                      "is used twice in this pod; container names must be unique")
+        _unique_label(
+            errors,
+            f"{cwhere}.name",
+            container.get("name"),
+            seen,
+            "e.g. ray-head / ray-worker",
+            "is used twice in this pod; container names must be unique",
+        )
         if not isinstance(container.get("image"), str) or not container["image"].strip():
             errors.append(f"{cwhere}.image: missing; pass image= to render_raycluster() or set it in the template")
     # KubeRay turns the Ray container's limits into `ray start --num-cpus/--memory`; without them Ray
     # counts the whole node's CPUs and memory and over-schedules the pod
-    limits = ((containers[0].get("resources") or {}).get("limits") or {})
+    limits = (containers[0].get("resources") or {}).get("limits") or {}
     missing = [r for r in ("cpu", "memory") if r not in limits]
     if missing:
-        errors.append(f"{where}.template.spec.containers[0].resources.limits: no {' or '.join(missing)}; set them "
-                      "(KubeRay derives ray start --num-cpus/--memory from the limits)")
+        errors.append(
+            f"{where}.template.spec.containers[0].resources.limits: no {' or '.join(missing)}; set them "
+            "(KubeRay derives ray start --num-cpus/--memory from the limits)"
+        )
 
 
 def validate_raycluster(manifest: Any) -> list[str]:
@@ -165,28 +190,36 @@ def validate_raycluster(manifest: Any) -> list[str]:
     if not isinstance(manifest, dict):
         return [f"the manifest is a {type(manifest).__name__}, not a mapping: the file must hold one RayCluster"]
     if manifest.get("apiVersion") != f"{GROUP}/{VERSION}":
-        errors.append(f"apiVersion: {manifest.get('apiVersion')!r}; KubeRay serves RayCluster as {GROUP}/{VERSION}: "
-                      f"set apiVersion: {GROUP}/{VERSION}")
+        errors.append(
+            f"apiVersion: {manifest.get('apiVersion')!r}; KubeRay serves RayCluster as {GROUP}/{VERSION}: "
+            f"set apiVersion: {GROUP}/{VERSION}"
+        )
     if manifest.get("kind") != "RayCluster":
         errors.append(f"kind: {manifest.get('kind')!r}; set kind: RayCluster")
     meta = manifest.get("metadata") or {}
     name = meta.get("name")
     if not isinstance(name, str) or not _DNS1035.match(name) or len(name) > MAX_CLUSTER_NAME:
-        errors.append(f"metadata.name: {name!r} is not a valid RayCluster name: KubeRay needs a DNS-1035 label "
-                      f"(lowercase letters, digits and '-', starting with a letter) of at most {MAX_CLUSTER_NAME} "
-                      "characters (its Services append up to 10); shorten or re-slug it")
+        errors.append(
+            f"metadata.name: {name!r} is not a valid RayCluster name: KubeRay needs a DNS-1035 label "
+            f"(lowercase letters, digits and '-', starting with a letter) of at most {MAX_CLUSTER_NAME} "
+            "characters (its Services append up to 10); shorten or re-slug it"
+        )
     namespace = meta.get("namespace")
     if not isinstance(namespace, str) or len(namespace) > 63 or not _DNS1123_LABEL.match(namespace):
-        errors.append(f"metadata.namespace: {namespace!r} is not a DNS-1123 label (lowercase letters, digits, '-', "
-                      "<= 63 characters); use the namespace the RBAC Role lives in (include/deploy/kuberay/rbac.yaml)")
+        errors.append(
+            f"metadata.namespace: {namespace!r} is not a DNS-1123 label (lowercase letters, digits, '-', "
+            "<= 63 characters); use the namespace the RBAC Role lives in (include/deploy/kuberay/rbac.yaml)"
+        )
     _check_labels(meta.get("labels"), "metadata.labels", errors)
     spec = manifest.get("spec")
     if not isinstance(spec, dict):
         errors.append("spec: missing; a RayCluster needs spec.headGroupSpec (and usually spec.workerGroupSpecs)")
         return errors
     if not isinstance(spec.get("rayVersion"), str) or not spec["rayVersion"]:
-        errors.append("spec.rayVersion: missing; set it to the image's Ray version as a string (\"2.60.0\"); "
-                      "KubeRay needs it for token auth and the autoscaler")
+        errors.append(
+            'spec.rayVersion: missing; set it to the image\'s Ray version as a string ("2.60.0"); '
+            "KubeRay needs it for token auth and the autoscaler"
+        )
     if not isinstance(spec.get("headGroupSpec"), dict):
         errors.append("spec.headGroupSpec: missing; a RayCluster needs a head group")
     else:
@@ -201,10 +234,18 @@ def validate_raycluster(manifest: Any) -> list[str]:
         if not isinstance(group, dict):
             errors.append(f"{where}: expected a mapping, got {type(group).__name__}")
             continue
-        _unique_label(errors, f"{where}.groupName", group.get("groupName"), names,
-                      "KubeRay puts it in pod names and labels", "is used by two groups; give each group its own name")
+        _unique_label(
+            errors,
+            f"{where}.groupName",
+            group.get("groupName"),
+            names,
+            "KubeRay puts it in pod names and labels",
+            "is used by two groups; give each group its own name",
+        )
         counts = {k: group.get(k) for k in ("replicas", "minReplicas", "maxReplicas")}
-        bad = [k for k, v in counts.items() if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0)]
+        bad = [
+            k for k, v in counts.items() if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0)
+        ]
         for k in bad:
             errors.append(f"{where}.{k}: {counts[k]!r}; expected a whole number >= 0")
         lo, hi, n = counts["minReplicas"], counts["maxReplicas"], counts["replicas"]
@@ -212,15 +253,25 @@ def validate_raycluster(manifest: Any) -> list[str]:
             if lo > hi:
                 errors.append(f"{where}: minReplicas {lo} > maxReplicas {hi}; raise maxReplicas or lower minReplicas")
             elif n is not None and not lo <= n <= hi:
-                errors.append(f"{where}.replicas: {n} is outside [minReplicas {lo}, maxReplicas {hi}]; KubeRay would "
-                              "clamp it: set replicas inside the range")
+                errors.append(
+                    f"{where}.replicas: {n} is outside [minReplicas {lo}, maxReplicas {hi}]; KubeRay would "
+                    "clamp it: set replicas inside the range"
+                )
         _check_group(str(group.get("groupName")), group, where, errors)
     return errors
 
 
-def render_raycluster(template_path: str | Path | None, name: str, namespace: str, image: str | None = None,
-                      overrides: dict | None = None, *, run_key: str | None = None,
-                      group_images: dict[str, str] | None = None, labels: dict[str, str] | None = None) -> dict:
+def render_raycluster(
+    template_path: str | Path | None,
+    name: str,
+    namespace: str,
+    image: str | None = None,
+    overrides: dict | None = None,
+    *,
+    run_key: str | None = None,
+    group_images: dict[str, str] | None = None,
+    labels: dict[str, str] | None = None,
+) -> dict:
     """The RayCluster to create: the template with `overrides` merged, then name, namespace, labels and images set.
 
     template_path: a YAML file holding one RayCluster (None: include/deploy/kuberay/raycluster.yaml; a
@@ -241,15 +292,19 @@ def render_raycluster(template_path: str | Path | None, name: str, namespace: st
     if not path.is_absolute():
         path = PROJECT_ROOT / path
     if not path.is_file():
-        raise KubeRayManifestError(f"RayCluster template {path} does not exist: fix the path (ray.kuberay_manifest) "
-                                   f"or use the shipped {RAYCLUSTER_TEMPLATE.relative_to(PROJECT_ROOT)}")
+        raise KubeRayManifestError(
+            f"RayCluster template {path} does not exist: fix the path (ray.kuberay_manifest) "
+            f"or use the shipped {RAYCLUSTER_TEMPLATE.relative_to(PROJECT_ROOT)}"
+        )
     try:
         manifest = yaml.safe_load(path.read_text())
     except yaml.YAMLError as e:
         raise KubeRayManifestError(f"RayCluster template {path} is not valid YAML: {e}") from None
     if not isinstance(manifest, dict):
-        raise KubeRayManifestError(f"RayCluster template {path} holds a {type(manifest).__name__}, not one RayCluster "
-                                   "mapping (apiVersion, kind, metadata, spec)")
+        raise KubeRayManifestError(
+            f"RayCluster template {path} holds a {type(manifest).__name__}, not one RayCluster "
+            "mapping (apiVersion, kind, metadata, spec)"
+        )
     if overrides:
         manifest = _merge(manifest, overrides, "")
     meta = manifest.get("metadata")
@@ -271,11 +326,15 @@ def render_raycluster(template_path: str | Path | None, name: str, namespace: st
         known = {gname: group for gname, group in _groups(manifest)}
         for gname, gimage in group_images.items():
             if gname not in known:
-                raise KubeRayManifestError(f"group_images[{gname!r}]: no such group in {path.name} (groups: "
-                                           f"{sorted(known)}); use 'head' or a worker groupName")
+                raise KubeRayManifestError(
+                    f"group_images[{gname!r}]: no such group in {path.name} (groups: "
+                    f"{sorted(known)}); use 'head' or a worker groupName"
+                )
             for container in _containers(known[gname]):
                 container["image"] = gimage
     errors = validate_raycluster(manifest)
     if errors:
-        raise KubeRayManifestError(f"RayCluster {name!r} rendered from {path} is invalid:\n  - " + "\n  - ".join(errors))
+        raise KubeRayManifestError(
+            f"RayCluster {name!r} rendered from {path} is invalid:\n  - " + "\n  - ".join(errors)
+        )
     return manifest

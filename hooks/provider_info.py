@@ -11,6 +11,7 @@ would declare, in its pyproject.toml:
 and keep "package-name" equal to its distribution name. tests/unit/operators/test_hooks.py checks the
 dict against Airflow's own provider_info.schema.json and the hook classes it names.
 """
+
 from __future__ import annotations
 
 
@@ -21,23 +22,41 @@ def get_provider_info() -> dict:
         "package-name": "evergreen-airflow-ray",
         "name": "Evergreen Ray",
         "description": "Ray Jobs and KubeRay hooks, a deferrable Ray job operator and its trigger, Ray cluster "
-                       "setup/teardown (local, existing address, KubeRay).",
+        "setup/teardown (local, existing address, KubeRay).",
         "integrations": [{"integration-name": "Ray", "external-doc-url": "https://docs.ray.io/", "tags": ["compute"]}],
         "connection-types": [
-            {"connection-type": "ray_jobs", "hook-class-name": "hooks.ray_jobs.RayJobHook", "hook-name": "Ray Jobs",
-             "conn-fields": {"auth_token": {"label": "Ray auth token (if not the password)", "schema": string}},
-             "ui-field-behaviour": {"hidden-fields": ["login"],
-                                    "relabeling": {"host": "Dashboard URL", "password": "Ray auth token",
-                                                   "schema": "Scheme (http/https, for a bare host)"},
-                                    "placeholders": {"host": "http://ray-head:8265", "port": "8265"}}},
-            {"connection-type": "kuberay", "hook-class-name": "hooks.kuberay.KubeRayHook", "hook-name": "KubeRay",
-             "conn-fields": {"namespace": {"label": "Namespace", "schema": string},
-                             "context": {"label": "Kubeconfig context", "schema": string},
-                             "config_file": {"label": "Kubeconfig file", "schema": string},
-                             "in_cluster": {"label": "Use the pod's service account", "schema": {"type": ["boolean", "null"]}},
-                             "cluster_domain": {"label": "Cluster DNS domain", "schema": string}},
-             "ui-field-behaviour": {"hidden-fields": ["host", "schema", "login", "password", "port"],
-                                    "relabeling": {}, "placeholders": {}}},
+            {
+                "connection-type": "ray_jobs",
+                "hook-class-name": "hooks.ray_jobs.RayJobHook",
+                "hook-name": "Ray Jobs",
+                "conn-fields": {"auth_token": {"label": "Ray auth token (if not the password)", "schema": string}},
+                "ui-field-behaviour": {
+                    "hidden-fields": ["login"],
+                    "relabeling": {
+                        "host": "Dashboard URL",
+                        "password": "Ray auth token",
+                        "schema": "Scheme (http/https, for a bare host)",
+                    },
+                    "placeholders": {"host": "http://ray-head:8265", "port": "8265"},
+                },
+            },
+            {
+                "connection-type": "kuberay",
+                "hook-class-name": "hooks.kuberay.KubeRayHook",
+                "hook-name": "KubeRay",
+                "conn-fields": {
+                    "namespace": {"label": "Namespace", "schema": string},
+                    "context": {"label": "Kubeconfig context", "schema": string},
+                    "config_file": {"label": "Kubeconfig file", "schema": string},
+                    "in_cluster": {"label": "Use the pod's service account", "schema": {"type": ["boolean", "null"]}},
+                    "cluster_domain": {"label": "Cluster DNS domain", "schema": string},
+                },
+                "ui-field-behaviour": {
+                    "hidden-fields": ["host", "schema", "login", "password", "port"],
+                    "relabeling": {},
+                    "placeholders": {},
+                },
+            },
         ],
         "operators": [{"integration-name": "Ray", "python-modules": ["operators.ray_job", "operators.ray_cluster"]}],
         "hooks": [{"integration-name": "Ray", "python-modules": ["hooks.ray_jobs", "hooks.kuberay"]}],

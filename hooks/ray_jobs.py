@@ -30,6 +30,7 @@ the client (two HTTP requests: connection and Ray version checks) on first call.
 
 Tests: tests/unit/operators/test_hooks.py (connections), tests/integration/test_ray_job_operator.py (a real head).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -69,8 +70,10 @@ def parse_cluster(cluster: Any) -> dict:
         else:
             cluster = {"dashboard_url": text} if text else {}
     if not isinstance(cluster, Mapping):
-        raise ValueError(f"cluster {cluster!r} is not a cluster description: pass the cluster-setup task's "
-                         "output ({'dashboard_url': ..., 'env': {...}}) or a dashboard URL")
+        raise ValueError(
+            f"cluster {cluster!r} is not a cluster description: pass the cluster-setup task's "
+            "output ({'dashboard_url': ..., 'env': {...}}) or a dashboard URL"
+        )
     return dict(cluster)
 
 
@@ -82,9 +85,11 @@ def _env_token(env: Mapping[str, str]) -> str | None:
         try:
             token = Path(path).read_text().strip()
         except OSError as e:
-            raise ValueError(f"cannot read the Ray auth token file {path!r} named by the cluster's env "
-                             f"({e.strerror}); pass the env of a running head (tasks.rl.cluster.LocalHead.env) "
-                             "or put the token in the ray_jobs connection") from None
+            raise ValueError(
+                f"cannot read the Ray auth token file {path!r} named by the cluster's env "
+                f"({e.strerror}); pass the env of a running head (tasks.rl.cluster.LocalHead.env) "
+                "or put the token in the ray_jobs connection"
+            ) from None
     return token or None
 
 
@@ -105,8 +110,10 @@ def _connection_token(conn) -> str | None:
     try:
         extra = json.loads(conn.extra) if conn.extra else {}
     except json.JSONDecodeError:
-        raise ValueError(f"connection {conn.conn_id!r}: extra is not JSON; give the token as the password, "
-                         'or extra {"auth_token": "..."}') from None
+        raise ValueError(
+            f"connection {conn.conn_id!r}: extra is not JSON; give the token as the password, "
+            'or extra {"auth_token": "..."}'
+        ) from None
     return extra.get("auth_token") or None
 
 
@@ -122,8 +129,14 @@ class RayJobHook(OptionalConnectionHook):
     conn_type = "ray_jobs"
     hook_name = "Ray Jobs"
 
-    def __init__(self, dashboard_url: str | None = None, env: Mapping[str, str] | None = None, *,
-                 conn_id: str | None = default_conn_name, logger_name: str | None = None):
+    def __init__(
+        self,
+        dashboard_url: str | None = None,
+        env: Mapping[str, str] | None = None,
+        *,
+        conn_id: str | None = default_conn_name,
+        logger_name: str | None = None,
+    ):
         super().__init__(conn_id, logger_name=logger_name)
         self._given_url = dashboard_url.rstrip("/") if dashboard_url else None
         self._token_required = (env or {}).get("RAY_AUTH_MODE") == "token"
@@ -147,20 +160,25 @@ class RayJobHook(OptionalConnectionHook):
         conn_url = connection_url(conn) if conn is not None else None
         url = self._given_url or conn_url
         if not url:
-            raise ValueError(f"no Ray dashboard URL: the cluster description has none and connection {self.conn_id!r} "
-                             "is not defined or has no host. Start the head with a dashboard port (start_local_head(..., "
-                             "dashboard_port=8265)), or define the connection (AIRFLOW_CONN_RAY_JOBS_DEFAULT)")
+            raise ValueError(
+                f"no Ray dashboard URL: the cluster description has none and connection {self.conn_id!r} "
+                "is not defined or has no host. Start the head with a dashboard port (start_local_head(..., "
+                "dashboard_port=8265)), or define the connection (AIRFLOW_CONN_RAY_JOBS_DEFAULT)"
+            )
         token = self._env_token
         if token is None and conn is not None:
             conn_token = _connection_token(conn)
             if conn_token and conn_url and conn_url != url:
-                self.log.warning("connection %r is for %s, not %s: its token is not sent there", conn.conn_id,
-                                 conn_url, url)
+                self.log.warning(
+                    "connection %r is for %s, not %s: its token is not sent there", conn.conn_id, conn_url, url
+                )
             else:
                 token = conn_token
         if token is None and self._token_required:
-            raise ValueError("the cluster's env says RAY_AUTH_MODE=token but gives no token: add RAY_AUTH_TOKEN_PATH "
-                             f"(a file holding the token) or put the token in connection {self.conn_id or 'ray_jobs_default'!r}")
+            raise ValueError(
+                "the cluster's env says RAY_AUTH_MODE=token but gives no token: add RAY_AUTH_TOKEN_PATH "
+                f"(a file holding the token) or put the token in connection {self.conn_id or 'ray_jobs_default'!r}"
+            )
         self._auth = (url, {"Authorization": f"Bearer {token}"} if token else {})
         return token
 
@@ -204,8 +222,15 @@ class RayJobHook(OptionalConnectionHook):
                 os.environ.update({k: v for k, v in saved.items() if v is not None})
         return self._client
 
-    def submit(self, entrypoint: str, submission_id: str, runtime_env: dict | None = None,
-               metadata: dict[str, str] | None = None, agent_wait_s: float = 60.0, **kwargs) -> str:
+    def submit(
+        self,
+        entrypoint: str,
+        submission_id: str,
+        runtime_env: dict | None = None,
+        metadata: dict[str, str] | None = None,
+        agent_wait_s: float = 60.0,
+        **kwargs,
+    ) -> str:
         """Submit the job; if one with this submission_id exists already, return it (a retried call re-attaches).
 
         A head that has just started answers "No available agent to submit job" until its dashboard
@@ -216,20 +241,27 @@ class RayJobHook(OptionalConnectionHook):
         deadline = time.monotonic() + agent_wait_s
         while True:
             try:
-                return client.submit_job(entrypoint=entrypoint, submission_id=submission_id,
-                                         runtime_env=runtime_env, metadata=metadata, **kwargs)
+                return client.submit_job(
+                    entrypoint=entrypoint,
+                    submission_id=submission_id,
+                    runtime_env=runtime_env,
+                    metadata=metadata,
+                    **kwargs,
+                )
             except RuntimeError as submit_error:
                 if "No available agent" in str(submit_error):
                     if time.monotonic() < deadline:
-                        self.log.info("the Ray job agent on %s is not up yet; retrying the submission in 2 s",
-                                      self.dashboard_url)
+                        self.log.info(
+                            "the Ray job agent on %s is not up yet; retrying the submission in 2 s", self.dashboard_url
+                        )
                         time.sleep(2)
                         continue
                     raise RuntimeError(
                         f"the Ray head at {self.dashboard_url} has no job agent after {agent_wait_s:.0f} s. Every "
                         "head's agent listens on port 52365 by default: if another Ray head runs on this machine, "
                         "start this one with `ray start ... --dashboard-agent-listen-port=<free port>` (see its "
-                        "logs/dashboard_agent.log)") from submit_error
+                        "logs/dashboard_agent.log)"
+                    ) from submit_error
                 # Ray 2.60 answers a duplicate id with HTTP 500 and a traceback, so look the id up rather
                 # than parse the message: if the job is there, it is ours (same id = same task try)
                 try:

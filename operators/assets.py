@@ -15,6 +15,7 @@
 Watchers only fire for unpaused consumers (a watcher on a paused DAG misses events).
 Evaluated at DAG parse time: cheap (environment variables and paths only).
 """
+
 from __future__ import annotations
 
 import json
@@ -40,9 +41,14 @@ def retrain_file_drop() -> Asset:
     from airflow.providers.standard.triggers.file import FileDeleteTrigger
 
     path = retrain_file()
-    return Asset(name="retrain_file_drop", uri=f"file://{path}", group="evergreen",
-                 watchers=[AssetWatcher(name="retrain_file_drop", trigger=FileDeleteTrigger(filepath=str(path),
-                                                                                            poke_interval=5.0))])
+    return Asset(
+        name="retrain_file_drop",
+        uri=f"file://{path}",
+        group="evergreen",
+        watchers=[
+            AssetWatcher(name="retrain_file_drop", trigger=FileDeleteTrigger(filepath=str(path), poke_interval=5.0))
+        ],
+    )
 
 
 def retrain_queue() -> Asset | None:
@@ -52,13 +58,18 @@ def retrain_queue() -> Asset | None:
     try:
         kwargs = json.loads(os.environ.get("EVERGREEN_RETRAIN_QUEUE_KWARGS", "{}"))
     except json.JSONDecodeError as e:
-        raise ValueError(f"EVERGREEN_RETRAIN_QUEUE_KWARGS is not JSON ({e}); e.g. "
-                         '{"sqs_queue": "https://sqs.eu-west-1.amazonaws.com/123/retrain"}') from None
+        raise ValueError(
+            f"EVERGREEN_RETRAIN_QUEUE_KWARGS is not JSON ({e}); e.g. "
+            '{"sqs_queue": "https://sqs.eu-west-1.amazonaws.com/123/retrain"}'
+        ) from None
     from airflow.providers.common.messaging.triggers.msg_queue import MessageQueueTrigger
 
-    return Asset(name="retrain_queue", uri=f"evergreen://queue/{scheme}", group="evergreen",
-                 watchers=[AssetWatcher(name=f"retrain_queue_{scheme}",
-                                        trigger=MessageQueueTrigger(scheme=scheme, **kwargs))])
+    return Asset(
+        name="retrain_queue",
+        uri=f"evergreen://queue/{scheme}",
+        group="evergreen",
+        watchers=[AssetWatcher(name=f"retrain_queue_{scheme}", trigger=MessageQueueTrigger(scheme=scheme, **kwargs))],
+    )
 
 
 def tool_change() -> Asset | None:
@@ -67,7 +78,14 @@ def tool_change() -> Asset | None:
         return None
     from triggers.tool_change import ToolChangeTrigger
 
-    trigger = ToolChangeTrigger(source=source, baseline=os.environ.get("EVERGREEN_TOOL_BASELINE") or None,
-                                poll_interval=float(os.environ.get("EVERGREEN_TOOL_POLL_S", "30")))
-    return Asset(name="tool_change", uri="evergreen://signals/tool_change", group="evergreen",
-                 watchers=[AssetWatcher(name="tool_change", trigger=trigger)])
+    trigger = ToolChangeTrigger(
+        source=source,
+        baseline=os.environ.get("EVERGREEN_TOOL_BASELINE") or None,
+        poll_interval=float(os.environ.get("EVERGREEN_TOOL_POLL_S", "30")),
+    )
+    return Asset(
+        name="tool_change",
+        uri="evergreen://signals/tool_change",
+        group="evergreen",
+        watchers=[AssetWatcher(name="tool_change", trigger=trigger)],
+    )

@@ -6,6 +6,7 @@ every task, an execution_timeout on every task (`orchestration.task_timeout_s`),
 that logs one line: what failed, why, and where the run's page is. A DAG that needs other retries sets
 them on its tasks.
 """
+
 from __future__ import annotations
 
 import logging
@@ -28,10 +29,18 @@ def evergreen_dag(doc: str, *, tags: list[str], params: dict, schedule=None):
 
     from tasks.config import load_settings
 
-    defaults = {**DAG_DEFAULTS["default_args"], "on_failure_callback": log_failure,
-                "execution_timeout": timedelta(seconds=load_settings().orchestration.task_timeout_s)}
-    return dag(schedule=schedule, doc_md=doc, tags=["evergreen", *tags], params=params,
-               **{**DAG_DEFAULTS, "default_args": defaults})
+    defaults = {
+        **DAG_DEFAULTS["default_args"],
+        "on_failure_callback": log_failure,
+        "execution_timeout": timedelta(seconds=load_settings().orchestration.task_timeout_s),
+    }
+    return dag(
+        schedule=schedule,
+        doc_md=doc,
+        tags=["evergreen", *tags],
+        params=params,
+        **{**DAG_DEFAULTS, "default_args": defaults},
+    )
 
 
 def log_failure(context) -> None:
@@ -39,9 +48,18 @@ def log_failure(context) -> None:
     ti, error = context.get("ti"), context.get("exception")
     why = (str(error).strip().splitlines() or [type(error).__name__])[0][:300] if error else "no exception recorded"
     dag_id, run_id = getattr(ti, "dag_id", "?"), getattr(ti, "run_id", "?")
-    log.error("evergreen: %s.%s of run %s failed (try %s): %s: %s; the run: /dags/%s/runs/%s, the Evergreen page: "
-              "/evergreen/", dag_id, getattr(ti, "task_id", "?"), run_id, getattr(ti, "try_number", "?"),
-              type(error).__name__ if error else "failure", why, dag_id, run_id)
+    log.error(
+        "evergreen: %s.%s of run %s failed (try %s): %s: %s; the run: /dags/%s/runs/%s, the Evergreen page: "
+        "/evergreen/",
+        dag_id,
+        getattr(ti, "task_id", "?"),
+        run_id,
+        getattr(ti, "try_number", "?"),
+        type(error).__name__ if error else "failure",
+        why,
+        dag_id,
+        run_id,
+    )
 
 
 def job_timeout() -> timedelta:

@@ -5,4 +5,5 @@ its one slot, so two DAGs never move aliases at once. Create it once per deploym
 
     airflow pools set evergreen_registry 1 "alias moves of the model registry, one at a time"
 """
+
 REGISTRY_POOL = "evergreen_registry"

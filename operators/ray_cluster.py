@@ -17,6 +17,7 @@ Setup returns the cluster as XCom: {"backend", "address", "dashboard_url", "env"
 Ray job operator connect with it. The temp dir / resource name is derived from the run, so a teardown
 finds the cluster even when the setup's XCom never got written (a setup killed half way).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -82,9 +83,15 @@ class AddressCluster(ClusterBackend):
     """An existing cluster (`ray.address`, `ray.dashboard_url`): used as it is, left running."""
 
     def setup(self, settings) -> dict:
-        self.log.info("using the existing cluster at %s (Jobs API %s)", settings.ray.address, settings.ray.dashboard_url)
-        return {"backend": "address", "address": settings.ray.address, "dashboard_url": settings.ray.dashboard_url,
-                "env": {}}
+        self.log.info(
+            "using the existing cluster at %s (Jobs API %s)", settings.ray.address, settings.ray.dashboard_url
+        )
+        return {
+            "backend": "address",
+            "address": settings.ray.address,
+            "dashboard_url": settings.ray.dashboard_url,
+            "env": {},
+        }
 
     def teardown(self, settings) -> dict:
         self.log.info("existing cluster %s: left running (not ours to stop)", settings.ray.address)
@@ -100,9 +107,13 @@ class KubeRayCluster(ClusterBackend):
     def setup(self, settings) -> dict:
         from hooks.kuberay_manifest import render_raycluster
 
-        manifest = render_raycluster(settings.ray.kuberay_manifest, kuberay_name(self.run_key),
-                                     settings.ray.kuberay_namespace, image=settings.ray.kuberay_image,
-                                     run_key=self.run_key)
+        manifest = render_raycluster(
+            settings.ray.kuberay_manifest,
+            kuberay_name(self.run_key),
+            settings.ray.kuberay_namespace,
+            image=settings.ray.kuberay_image,
+            run_key=self.run_key,
+        )
         return self._hook(settings).create_and_wait(manifest, timeout=900)
 
     def teardown(self, settings) -> dict:
@@ -111,7 +122,10 @@ class KubeRayCluster(ClusterBackend):
 
 
 CLUSTER_BACKENDS: dict[str, type[ClusterBackend]] = {
-    "local": LocalCluster, "address": AddressCluster, "kuberay": KubeRayCluster}
+    "local": LocalCluster,
+    "address": AddressCluster,
+    "kuberay": KubeRayCluster,
+}
 
 
 class RayClusterOperator(BaseOperator):
@@ -124,9 +138,16 @@ class RayClusterOperator(BaseOperator):
     template_fields = ("run_key", "backend")
     ui_color = "#cfe8fc"
 
-    def __init__(self, *, action: str, backend: str | None = None, run_key: str = "{{ dag.dag_id }}/{{ run_id }}",
-                 num_cpus: int | None = None, kuberay_conn_id: str | None = KubeRayHook.default_conn_name,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        action: str,
+        backend: str | None = None,
+        run_key: str = "{{ dag.dag_id }}/{{ run_id }}",
+        num_cpus: int | None = None,
+        kuberay_conn_id: str | None = KubeRayHook.default_conn_name,
+        **kwargs: Any,
+    ) -> None:
         if action not in ("setup", "teardown"):
             raise ValueError(f"RayClusterOperator(action={action!r}): expected 'setup' or 'teardown'")
         super().__init__(**kwargs)
@@ -136,8 +157,9 @@ class RayClusterOperator(BaseOperator):
     def cluster_backend(self, name: str) -> ClusterBackend:
         if name not in CLUSTER_BACKENDS:
             raise ValueError(f"unknown Ray backend {name!r}: use {', '.join(CLUSTER_BACKENDS)} (ray.backend)")
-        return CLUSTER_BACKENDS[name](run_key=self.run_key, num_cpus=self.num_cpus,
-                                      kuberay_conn_id=self.kuberay_conn_id, log=self.log)
+        return CLUSTER_BACKENDS[name](
+            run_key=self.run_key, num_cpus=self.num_cpus, kuberay_conn_id=self.kuberay_conn_id, log=self.log
+        )
 
     def execute(self, context) -> dict | None:
         from operators.stages import record_task_time, run_dir_of, settings_for

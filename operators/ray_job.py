@@ -22,6 +22,7 @@ token itself in the triggerer.
 
 Tests: `pytest -q tests/integration/test_ray_job_operator.py` (starts its own local Ray head).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -90,11 +91,22 @@ class RayJobOperator(BaseOperator):
     template_fields_renderers = {"runtime_env": "json", "env_vars": "json", "cluster": "json"}
     ui_color = "#cfe3ff"
 
-    def __init__(self, *, entrypoint: str, cluster: Any, runtime_env: dict | None = None,
-                 env_vars: dict[str, str] | None = None, submission_id: str | None = None,
-                 deferrable: bool = True, poll_interval: float = 5.0, timeout: float | timedelta | None = None,
-                 log_tail_lines: int = 40, entrypoint_num_cpus: float | None = None,
-                 conn_id: str | None = RayJobHook.default_conn_name, **kwargs):
+    def __init__(
+        self,
+        *,
+        entrypoint: str,
+        cluster: Any,
+        runtime_env: dict | None = None,
+        env_vars: dict[str, str] | None = None,
+        submission_id: str | None = None,
+        deferrable: bool = True,
+        poll_interval: float = 5.0,
+        timeout: float | timedelta | None = None,
+        log_tail_lines: int = 40,
+        entrypoint_num_cpus: float | None = None,
+        conn_id: str | None = RayJobHook.default_conn_name,
+        **kwargs,
+    ):
         super().__init__(**kwargs)
         self.entrypoint = entrypoint
         self.cluster = cluster
@@ -130,25 +142,48 @@ class RayJobOperator(BaseOperator):
         hook = self._hook()
         map_index = getattr(ti, "map_index", -1)
         submission_id = self.submission_id or default_submission_id(
-            ti.dag_id, ti.run_id, ti.task_id, map_index, ti.try_number)
-        metadata = {"airflow_dag_id": ti.dag_id, "airflow_run_id": ti.run_id, "airflow_task_id": ti.task_id,
-                    "airflow_map_index": str(map_index), "airflow_try_number": str(ti.try_number)}
+            ti.dag_id, ti.run_id, ti.task_id, map_index, ti.try_number
+        )
+        metadata = {
+            "airflow_dag_id": ti.dag_id,
+            "airflow_run_id": ti.run_id,
+            "airflow_task_id": ti.task_id,
+            "airflow_map_index": str(map_index),
+            "airflow_try_number": str(ti.try_number),
+        }
         runtime_env = self._runtime_env()
-        self.log.info("submitting Ray job %s to %s: %s (working_dir: %s)", submission_id, hook.dashboard_url,
-                      self.entrypoint, runtime_env.get("working_dir", "none"))
+        self.log.info(
+            "submitting Ray job %s to %s: %s (working_dir: %s)",
+            submission_id,
+            hook.dashboard_url,
+            self.entrypoint,
+            runtime_env.get("working_dir", "none"),
+        )
         t0 = time.monotonic()
         kwargs = {} if self.entrypoint_num_cpus is None else {"entrypoint_num_cpus": self.entrypoint_num_cpus}
-        self.job_id = (None if self.submission_id else self._previous_try_still_running(hook, ti, map_index)) \
-            or hook.submit(self.entrypoint, submission_id, runtime_env, metadata, **kwargs)
-        self.log.info("Ray job %s is on the cluster (%.1fs); dashboard: %s/#/jobs/%s", self.job_id,
-                      time.monotonic() - t0, hook.dashboard_url, self.job_id)
+        self.job_id = (
+            None if self.submission_id else self._previous_try_still_running(hook, ti, map_index)
+        ) or hook.submit(self.entrypoint, submission_id, runtime_env, metadata, **kwargs)
+        self.log.info(
+            "Ray job %s is on the cluster (%.1fs); dashboard: %s/#/jobs/%s",
+            self.job_id,
+            time.monotonic() - t0,
+            hook.dashboard_url,
+            self.job_id,
+        )
         ti.xcom_push(key="ray_job_id", value=self.job_id)
 
         # an absolute deadline, so that a trigger that moves to another triggerer keeps the same limit
         deadline = time.time() + self.timeout if self.timeout else None
-        trigger = RayJobTrigger(job_id=self.job_id, dashboard_url=hook.dashboard_url, env=env, conn_id=self.conn_id,
-                                poll_interval=self.poll_interval, deadline=deadline,
-                                log_tail_lines=self.log_tail_lines)
+        trigger = RayJobTrigger(
+            job_id=self.job_id,
+            dashboard_url=hook.dashboard_url,
+            env=env,
+            conn_id=self.conn_id,
+            poll_interval=self.poll_interval,
+            deadline=deadline,
+            log_tail_lines=self.log_tail_lines,
+        )
         if self.deferrable:
             self.log.info("deferring: the triggerer follows Ray job %s and streams its logs here", self.job_id)
             self.defer(trigger=trigger, method_name="execute_complete")
@@ -168,8 +203,11 @@ class RayJobOperator(BaseOperator):
             return None
         if job_ended(status):
             return None
-        self.log.warning("Ray job %s of the previous try is still %s: following it instead of submitting "
-                         "a second copy", previous, status)
+        self.log.warning(
+            "Ray job %s of the previous try is still %s: following it instead of submitting a second copy",
+            previous,
+            status,
+        )
         return previous
 
     def execute_complete(self, context: Context, event: dict[str, Any] | None = None):
@@ -193,7 +231,8 @@ class RayJobOperator(BaseOperator):
         raise AirflowException(
             f"Ray job {job_id} {status}: {event.get('message') or 'no message from Ray'}\n"
             f"--- last {len(tail)} log lines of the job ---\n" + "\n".join(tail) + "\n--- end of job log ---\n"
-            f"full log: {dashboard}/#/jobs/{job_id} or `ray job logs {job_id} --address {dashboard}`")
+            f"full log: {dashboard}/#/jobs/{job_id} or `ray job logs {job_id} --address {dashboard}`"
+        )
 
     def on_kill(self) -> None:
         """The task was killed while it waited in the worker (deferrable=False): stop the Ray job too."""

@@ -19,6 +19,7 @@ then `op_kwargs` (XComArgs resolved), then, for a parameter named like one of th
 `days`, `fail_training_at_step`), the run's value of that param. Module import is light: DAG files import it at
 parse time.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -53,9 +54,11 @@ def settings_for(params: dict | None, trigger: dict | None = None):
     if changed and "env.target_toolset" not in overrides:
         watched = os.environ.get("EVERGREEN_TOOL_SOURCE")
         if changed["source"] != watched:
-            raise SettingsError(f"a tool_change event names the source {changed['source']!r}, but this deployment "
-                                f"watches {watched!r} (EVERGREEN_TOOL_SOURCE): only the deployment's tool watch "
-                                "may choose a served toolset")
+            raise SettingsError(
+                f"a tool_change event names the source {changed['source']!r}, but this deployment "
+                f"watches {watched!r} (EVERGREEN_TOOL_SOURCE): only the deployment's tool watch "
+                "may choose a served toolset"
+            )
         overrides["env.target_toolset"] = changed["source"]
     return load_settings(overrides=nest(overrides))
 
@@ -67,14 +70,26 @@ def trigger_of(context) -> dict:
     events = []
     for ev in getattr(dag_run, "consumed_asset_events", None) or []:
         asset = getattr(ev, "asset", None)
-        events.append({"uri": getattr(asset, "uri", None), "name": getattr(asset, "name", None),
-                       "extra": dict(getattr(ev, "extra", None) or {}), "source_dag_id": getattr(ev, "source_dag_id", None),
-                       "timestamp": str(getattr(ev, "timestamp", ""))})
+        events.append(
+            {
+                "uri": getattr(asset, "uri", None),
+                "name": getattr(asset, "name", None),
+                "extra": dict(getattr(ev, "extra", None) or {}),
+                "source_dag_id": getattr(ev, "source_dag_id", None),
+                "timestamp": str(getattr(ev, "timestamp", "")),
+            }
+        )
     kind = {"scheduled": "schedule", "asset_triggered": "asset", "manual": "manual"}.get(run_type, run_type or "manual")
     if kind == "manual" and getattr(dag_run, "triggering_user_name", None):
         kind = "rest"  # the UI triggers through the same REST API; the user is recorded beside it
-    return {"kind": kind, "run_type": run_type, "user": getattr(dag_run, "triggering_user_name", None),
-            "asset_events": events, "params": dict(context["params"] or {}), "conf": dict(dag_run.conf or {})}
+    return {
+        "kind": kind,
+        "run_type": run_type,
+        "user": getattr(dag_run, "triggering_user_name", None),
+        "asset_events": events,
+        "params": dict(context["params"] or {}),
+        "conf": dict(dag_run.conf or {}),
+    }
 
 
 def run_dir_of(context, settings):
@@ -111,8 +126,13 @@ class StageOperator(PythonOperator):
         from tasks.stages.rollouts import pin_toolsets
 
         self._settings = pin_toolsets(self._settings, self._rd)  # the tools this run read first, for every stage
-        log.info("stage %s.%s of %s (run dir %s)", self.python_callable.__module__, self.python_callable.__name__,
-                 context["run_id"], self._rd.path)
+        log.info(
+            "stage %s.%s of %s (run dir %s)",
+            self.python_callable.__module__,
+            self.python_callable.__name__,
+            context["run_id"],
+            self._rd.path,
+        )
         started = time.time()
         try:
             return PythonOperator.execute(self, context)  # not super(): the branch subclass's MRO

@@ -12,6 +12,7 @@ promotion, training, drift tests) are still read defensively, through `dig` and 
 Plain Python, no HTML: plugins/evergreen_page.py renders what this returns through Jinja2 templates.
 Nothing here runs at import; the project's `tasks` package is imported on the first request.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -27,15 +28,15 @@ from typing import Any
 DAG_ID = "continuous_post_training"
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 MAX_SUMMARY_BYTES = 4 << 20  # a summary is a few KiB; a huge file is a bug, not something to parse per request
-MAX_ERRORS_SHOWN = 6         # validation errors listed per unreadable summary
+MAX_ERRORS_SHOWN = 6  # validation errors listed per unreadable summary
 STATUS_LABEL = {"promoted": "PROMOTED", "not_promoted": "not promoted", "skipped": "skipped", "failed": "failed"}
 
 
 @dataclass
 class Run:
-    run_dir: str      # the directory name under <runs_root>/continuous_post_training/
-    summary: Any      # a tasks.stages.contracts.RunSummary
-    sort_ts: float    # started_at (else finished_at, else the file's mtime) as a POSIX timestamp
+    run_dir: str  # the directory name under <runs_root>/continuous_post_training/
+    summary: Any  # a tasks.stages.contracts.RunSummary
+    sort_ts: float  # started_at (else finished_at, else the file's mtime) as a POSIX timestamp
 
     @property
     def status(self) -> str:
@@ -46,15 +47,18 @@ class Run:
         return self.summary.run_id
 
     def as_json(self) -> dict:
-        return {"run_dir": self.run_dir, "gain_per_dollar": gain_per_dollar(self.summary),
-                "summary": json_safe(self.summary.model_dump(mode="json"))}
+        return {
+            "run_dir": self.run_dir,
+            "gain_per_dollar": gain_per_dollar(self.summary),
+            "summary": json_safe(self.summary.model_dump(mode="json")),
+        }
 
 
 @dataclass
 class Runs:
     root: Path | None
-    runs: list[Run] = field(default_factory=list)         # newest first
-    errors: list[dict] = field(default_factory=list)      # {"path", "error"}: the unreadable summaries
+    runs: list[Run] = field(default_factory=list)  # newest first
+    errors: list[dict] = field(default_factory=list)  # {"path", "error"}: the unreadable summaries
 
 
 def json_safe(v: Any) -> Any:
@@ -127,8 +131,9 @@ def describe_error(exc: BaseException) -> str:
     if not isinstance(exc, ValidationError):
         return f"{type(exc).__name__}: {exc}"
     errors = exc.errors(include_url=False, include_input=False)
-    text = "; ".join(f"{'.'.join(map(str, err['loc'])) or 'summary'}: {err['msg']}"
-                     for err in errors[:MAX_ERRORS_SHOWN])
+    text = "; ".join(
+        f"{'.'.join(map(str, err['loc'])) or 'summary'}: {err['msg']}" for err in errors[:MAX_ERRORS_SHOWN]
+    )
     more = f" (and {len(errors) - MAX_ERRORS_SHOWN} more)" if len(errors) > MAX_ERRORS_SHOWN else ""
     return f"not a valid RunSummary: {text}{more}"
 
@@ -158,6 +163,7 @@ def load_runs(root: Path | None = None) -> Runs:
 
 
 # --------------------------------------------------------------------------- reading the loose parts
+
 
 def dig(d: Any, *keys: str) -> Any:
     """d[k1][k2]... or None when any level is missing or not a dict (promotion, trigger and training are

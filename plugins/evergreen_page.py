@@ -18,6 +18,7 @@ iframe at /plugin/evergreen. To look at it without Airflow:
 
 Tests: tests/unit/plugins/test_evergreen_page.py (TestClient), tests/e2e/test_browser.py (Airflow UI).
 """
+
 from __future__ import annotations
 
 import functools
@@ -32,7 +33,7 @@ from fastapi.staticfiles import StaticFiles
 
 if __package__:  # plugins.evergreen_page: the project root on sys.path (tests, uvicorn)
     from . import evergreen_charts as charts, evergreen_data as data
-else:            # evergreen_page: Airflow's plugins folder on sys.path
+else:  # evergreen_page: Airflow's plugins folder on sys.path
     import evergreen_charts as charts
     import evergreen_data as data
 
@@ -42,14 +43,17 @@ TEMPLATES, STATIC = HERE / "templates", HERE / "static"
 MAX_RUNS_SHOWN = 100
 DASH = "—"
 # No script anywhere on the page: even a summary string that escaped the escaping could not run.
-CSP = ("default-src 'none'; style-src 'self'; img-src 'self' data:; base-uri 'none'; "
-       "form-action 'none'; frame-ancestors 'self'")
+CSP = (
+    "default-src 'none'; style-src 'self'; img-src 'self' data:; base-uri 'none'; "
+    "form-action 'none'; frame-ancestors 'self'"
+)
 PAGE_HEADERS = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff", "Cache-Control": "no-store"}
 
 Auth = Callable[[Request], Awaitable[None]]
 
 
 # ------------------------------------------------------------------------------ filters (text only)
+
 
 def pct(v: Any, unit: str = "%") -> str:
     n = data.num(v)
@@ -110,8 +114,9 @@ def pretty(v: Any) -> str:
 def linkable(url: Any) -> bool:
     """An anchor only for http(s) URLs and paths on this server (the Airflow run link is "/dags/...");
     a summary could carry `javascript:`, and "//host" is another site."""
-    return isinstance(url, str) and (url.lower().startswith(("http://", "https://"))
-                                     or (url.startswith("/") and not url.startswith("//")))
+    return isinstance(url, str) and (
+        url.lower().startswith(("http://", "https://")) or (url.startswith("/") and not url.startswith("//"))
+    )
 
 
 def status_class(status: str) -> str:
@@ -127,8 +132,10 @@ def gpd(summary: Any) -> str:
     return DASH if g is None else f"{g:.1f} pts/$"
 
 
-FILTERS = {f.__name__: f for f in (pct, pts, usd, fmt, plain, when, duration, yes_no, pretty, linkable,
-                                   status_class, status_label, gpd)}
+FILTERS = {
+    f.__name__: f
+    for f in (pct, pts, usd, fmt, plain, when, duration, yes_no, pretty, linkable, status_class, status_label, gpd)
+}
 FILTERS.update(num=data.num, dig=data.dig, as_list=data.as_list, dicts=data.dicts, text_summary=data.text_summary)
 
 
@@ -141,7 +148,10 @@ def environment():
         loader=jinja2.FileSystemLoader(TEMPLATES),
         autoescape=jinja2.select_autoescape(enabled_extensions=("html", "svg"), default=True),
         undefined=jinja2.StrictUndefined,  # a misspelt name fails the test, not a blank on the page
-        finalize=lambda v: DASH if v is None else v, trim_blocks=True, lstrip_blocks=True)
+        finalize=lambda v: DASH if v is None else v,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
     env.filters.update(FILTERS)
     env.globals.update(registries=data.registries, DAG_ID=DAG_ID, DASH=DASH)
     return env
@@ -153,11 +163,18 @@ def render(template: str, **context: Any) -> str:
 
 def render_page(runs: data.Runs) -> str:
     shown = runs.runs[:MAX_RUNS_SHOWN]
-    return render("page.html", data=runs, runs=shown, hidden=len(runs.runs) - len(shown),
-                  success_chart=charts.success_chart(shown), cost_chart=charts.cost_chart(shown))
+    return render(
+        "page.html",
+        data=runs,
+        runs=shown,
+        hidden=len(runs.runs) - len(shown),
+        success_chart=charts.success_chart(shown),
+        cost_chart=charts.cost_chart(shown),
+    )
 
 
 # ------------------------------------------------------------------------------------------------ app
+
 
 def create_app(*, auth: Auth | None = None, login_url: Callable[[Request], str] | None = None) -> FastAPI:
     """The Evergreen app. `auth(request)` raises HTTPException(401/403) for a caller who may not see the
@@ -195,9 +212,16 @@ def create_app(*, auth: Auth | None = None, login_url: Callable[[Request], str] 
         if denied is not None:
             return denied
         runs = data.load_runs()
-        return JSONResponse({"dag_id": DAG_ID, "runs_root": None if runs.root is None else str(runs.root),
-                             "count": len(runs.runs), "runs": [r.as_json() for r in runs.runs],
-                             "errors": runs.errors}, headers={"Cache-Control": "no-store"})
+        return JSONResponse(
+            {
+                "dag_id": DAG_ID,
+                "runs_root": None if runs.root is None else str(runs.root),
+                "count": len(runs.runs),
+                "runs": [r.as_json() for r in runs.runs],
+                "errors": runs.errors,
+            },
+            headers={"Cache-Control": "no-store"},
+        )
 
     @app.get("/icon.svg")
     async def icon() -> Response:
@@ -208,13 +232,17 @@ def create_app(*, auth: Auth | None = None, login_url: Callable[[Request], str] 
     async def health() -> dict:
         # Unauthenticated on purpose (probes): counts only, no run content.
         runs = data.load_runs()
-        return {"status": "ok" if runs.root is not None else "error", "runs": len(runs.runs),
-                "errors": len(runs.errors)}
+        return {
+            "status": "ok" if runs.root is not None else "error",
+            "runs": len(runs.runs),
+            "errors": len(runs.errors),
+        }
 
     return app
 
 
 # ----------------------------------------------------------------------------- inside the Airflow server
+
 
 async def airflow_auth(request: Request) -> None:
     """The Airflow UI's own check: the `_token` cookie (or a Bearer token) must belong to a user who may
@@ -225,8 +253,9 @@ async def airflow_auth(request: Request) -> None:
     from airflow.api_fastapi.core_api.security import bearer_scheme, get_user
 
     user = await get_user(request, None, await bearer_scheme(request))
-    if not get_auth_manager().is_authorized_dag(method="GET", access_entity=DagAccessEntity.RUN,
-                                                details=DagDetails(id=DAG_ID), user=user):
+    if not get_auth_manager().is_authorized_dag(
+        method="GET", access_entity=DagAccessEntity.RUN, details=DagDetails(id=DAG_ID), user=user
+    ):
         raise HTTPException(status_code=403, detail=f"not allowed to read the runs of {DAG_ID}")
 
 

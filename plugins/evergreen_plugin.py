@@ -23,6 +23,7 @@ Import cost: fastapi and those modules only (no torch, ray, mlflow or great_expe
 tasks package); the app object is built without touching the disk, and Jinja2 loads the templates on the
 first page view.
 """
+
 from __future__ import annotations
 
 from airflow.plugins_manager import AirflowPlugin
@@ -39,12 +40,14 @@ except ModuleNotFoundError as exc:  # imported as plugins.evergreen_plugin (proj
 class EvergreenPlugin(AirflowPlugin):
     name = "evergreen"
     fastapi_apps = [{"app": create_airflow_app(), "url_prefix": "/evergreen", "name": "Evergreen"}]
-    external_views = [{
-        "name": "Evergreen",
-        "href": "/evergreen/",
-        "destination": "nav",
-        "url_route": "evergreen",
-        "nav_top_level": True,
-        "icon": "/evergreen/icon.svg",
-        "category": "Evergreen",
-    }]
+    external_views = [
+        {
+            "name": "Evergreen",
+            "href": "/evergreen/",
+            "destination": "nav",
+            "url_route": "evergreen",
+            "nav_top_level": True,
+            "icon": "/evergreen/icon.svg",
+            "category": "Evergreen",
+        }
+    ]

@@ -1,9 +1,12 @@
 """The Airflow 3 REST API as the stack's tests and scripts use it (JWT login, trigger, wait, logs).
 
+Usage:
+
     from scripts.airflow_api import ApiClient
     client = ApiClient("http://127.0.0.1:8080", "evergreen", password)   # or Stack.client()
     run = client.wait_for_run("bootstrap_champion", client.trigger("bootstrap_champion"))
 """
+
 from __future__ import annotations
 
 import json
@@ -27,8 +30,12 @@ class ApiClient:
 
     def _raw(self, method: str, path: str, payload=None, auth: bool = True, text: bool = False):
         data = json.dumps(payload).encode() if payload is not None else None
-        req = urllib.request.Request(self.base_url + path, data=data, method=method,
-                                     headers={"Content-Type": "application/json", "Accept": "application/json"})
+        req = urllib.request.Request(
+            self.base_url + path,
+            data=data,
+            method=method,
+            headers={"Content-Type": "application/json", "Accept": "application/json"},
+        )
         if auth:
             req.add_header("Authorization", f"Bearer {self.token()}")
         try:
@@ -59,8 +66,10 @@ class ApiClient:
                 return
             if time.time() > deadline:
                 errors = self.get("/api/v2/importErrors").get("import_errors", [])
-                raise TimeoutError(f"DAGs {sorted(set(dag_ids) - found)} not parsed after {timeout}s; "
-                                   f"import errors: {json.dumps(errors)[:2000]}")
+                raise TimeoutError(
+                    f"DAGs {sorted(set(dag_ids) - found)} not parsed after {timeout}s; "
+                    f"import errors: {json.dumps(errors)[:2000]}"
+                )
             time.sleep(2)
 
     def unpause(self, dag_id: str) -> None:
@@ -82,8 +91,9 @@ class ApiClient:
     def runs(self, dag_id: str) -> list[dict]:
         return self.get(f"/api/v2/dags/{dag_id}/dagRuns?order_by=-start_date&limit=50")["dag_runs"]
 
-    def wait_for_run(self, dag_id: str, run_id: str | None = None, timeout: float = 1800, after: str | None = None,
-                     progress=print) -> dict:
+    def wait_for_run(
+        self, dag_id: str, run_id: str | None = None, timeout: float = 1800, after: str | None = None, progress=print
+    ) -> dict:
         """Wait until the run (or the first run of the DAG that starts after `after`, an ISO time) ends."""
         deadline, last = time.time() + timeout, None
         while time.time() < deadline:
@@ -95,8 +105,11 @@ class ApiClient:
                 run = runs[-1] if runs else None
             if run:
                 tis = self.get(f"/api/v2/dags/{dag_id}/dagRuns/{run['dag_run_id']}/taskInstances?limit=100")
-                running = sorted(t["task_id"] + (f"[{t['map_index']}]" if t.get("map_index", -1) >= 0 else "")
-                                 for t in tis["task_instances"] if t["state"] in ("running", "deferred", "queued"))
+                running = sorted(
+                    t["task_id"] + (f"[{t['map_index']}]" if t.get("map_index", -1) >= 0 else "")
+                    for t in tis["task_instances"]
+                    if t["state"] in ("running", "deferred", "queued")
+                )
                 line = f"{dag_id}: {run['state']}" + (f" ({', '.join(running)})" if running else "")
                 if line != last:
                     progress(f"  [{time.strftime('%H:%M:%S')}] {line}")

@@ -11,6 +11,7 @@
    evals, cost, gate, move_aliases) and prints its summary, the orchestration overhead and the URLs.
 Everything stays under .stack/ afterwards: `make up` serves it (Airflow UI, Evergreen page, MLflow UI).
 """
+
 from __future__ import annotations
 
 import json
@@ -56,8 +57,14 @@ def overhead(client, dag_id: str, run: dict, run_dir: Path) -> dict:
         if t["task_id"] == "grpo_update" and t.get("start_date") and t.get("end_date"):
             intervals.append((_iso(t["start_date"]).timestamp(), _iso(t["end_date"]).timestamp()))
     busy = _union_seconds(intervals)
-    return {"run_wall_s": wall, "task_instances": len(tis), "sum_task_duration_s": sum(t.get("duration") or 0 for t in tis),
-            "compute_s": busy, "overhead_s": wall - busy, "overhead_share": (wall - busy) / wall if wall else None}
+    return {
+        "run_wall_s": wall,
+        "task_instances": len(tis),
+        "sum_task_duration_s": sum(t.get("duration") or 0 for t in tis),
+        "compute_s": busy,
+        "overhead_s": wall - busy,
+        "overhead_share": (wall - busy) / wall if wall else None,
+    }
 
 
 def main() -> int:
@@ -73,13 +80,16 @@ def main() -> int:
     phases = {}
     with stack:
         client = stack.client()
-        client.wait_for_dags(["continuous_post_training", "drift_monitor", "bootstrap_champion", "simulate_production",
-                              "rollback"])
+        client.wait_for_dags(
+            ["continuous_post_training", "drift_monitor", "bootstrap_champion", "simulate_production", "rollback"]
+        )
         for dag_id in ("continuous_post_training", "bootstrap_champion", "simulate_production"):
             client.unpause(dag_id)  # the retrain watchers only fire for an unpaused consumer
         stack.password  # waits until the auth manager has written it
-        print(f"Airflow UI {stack.api_url} (user {USER}; password in {stack.password_file}); MLflow {stack.mlflow_url}",
-              flush=True)
+        print(
+            f"Airflow UI {stack.api_url} (user {USER}; password in {stack.password_file}); MLflow {stack.mlflow_url}",
+            flush=True,
+        )
 
         for dag_id in ("bootstrap_champion", "simulate_production"):
             t0 = time.time()
@@ -114,18 +124,31 @@ def main() -> int:
         summary = RunSummary.model_validate_json(summaries[-1].read_text())
         cost = overhead(client, "continuous_post_training", run, summaries[-1].parent)
         print("\n" + format_summary(summary))
-        print(f"  why: trigger={summary.trigger.get('kind')}; asset event extra: "
-              f"{json.dumps([e.get('extra', {}).get('summary') for e in summary.trigger.get('asset_events', [])])[:300]}")
-        print(f"  orchestration: DAG run {cost['run_wall_s']:.0f}s wall, {cost['task_instances']} task instances; "
-              f"some task body computing {cost['compute_s']:.0f}s; overhead {cost['overhead_s']:.0f}s "
-              f"({100 * (cost['overhead_share'] or 0):.0f}% of the run)")
+        print(
+            f"  why: trigger={summary.trigger.get('kind')}; asset event extra: "
+            f"{json.dumps([e.get('extra', {}).get('summary') for e in summary.trigger.get('asset_events', [])])[:300]}"
+        )
+        print(
+            f"  orchestration: DAG run {cost['run_wall_s']:.0f}s wall, {cost['task_instances']} task instances; "
+            f"some task body computing {cost['compute_s']:.0f}s; overhead {cost['overhead_s']:.0f}s "
+            f"({100 * (cost['overhead_share'] or 0):.0f}% of the run)"
+        )
         print(f"  phases: " + ", ".join(f"{k} {v:.0f}s" for k, v in phases.items()))
         print(f"  Airflow run: {stack.api_url}/dags/continuous_post_training/runs/{run['dag_run_id']}")
         print(f"  Evergreen page: {stack.api_url}/evergreen/   MLflow: {stack.mlflow_url}")
         print(f"  state kept in {home}: `make up` serves it again")
-        (home / "demo_result.json").write_text(json.dumps({"phases": phases, "orchestration": cost,
-                                                           "wall_s": time.time() - t_start, "state": run["state"],
-                                                           "status": summary.status}, indent=1))
+        (home / "demo_result.json").write_text(
+            json.dumps(
+                {
+                    "phases": phases,
+                    "orchestration": cost,
+                    "wall_s": time.time() - t_start,
+                    "state": run["state"],
+                    "status": summary.status,
+                },
+                indent=1,
+            )
+        )
         print(f"\ndemo wall time {time.time() - t_start:.0f}s; continuous_post_training {run['state']}", flush=True)
         return 0 if run["state"] == "success" else 1
 

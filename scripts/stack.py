@@ -13,6 +13,7 @@ log. Servers bind 127.0.0.1. The stack is stopped through its own process groups
 person's Airflow on this machine is left alone. Ray is not started here: the DAG's cluster-setup task
 starts a head for each run and its teardown stops it.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -100,7 +101,8 @@ class Stack:
             "RAY_USAGE_STATS_ENABLED": "0",
             "RAY_TRAIN_V2_ENABLED": "1",
             "PYTHONWARNINGS": "ignore::FutureWarning,ignore::DeprecationWarning",
-            "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost",
+            "NO_PROXY": "127.0.0.1,localhost",
+            "no_proxy": "127.0.0.1,localhost",
             # every process of this stack inherits it, including the ones that leave its process groups
             "EVERGREEN_STACK": str(self.home),
         }
@@ -142,8 +144,9 @@ class Stack:
         self.commands[name] = (cmd, env)
         log = open(self.home / "logs" / f"{name}.log", "ab")
         # its own session: stopping the stack signals the whole group (gunicorn / executor children too)
-        self.procs[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env() | (env or {}),
-                                            cwd=PROJECT, start_new_session=True)
+        self.procs[name] = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env() | (env or {}), cwd=PROJECT, start_new_session=True
+        )
         (self.home / "pids").mkdir(exist_ok=True)
         (self.home / "pids" / f"{name}.pid").write_text(str(self.procs[name].pid))
 
@@ -164,26 +167,55 @@ class Stack:
     def start(self, progress=print) -> "Stack":
         for port, what in ((self.api_port, "Airflow api-server"), (self.mlflow_port, "MLflow")):
             if port_busy(port):
-                raise RuntimeError(f"port {port} for {what} is taken: stop whatever listens there "
-                                   f"(`python scripts/stack.py down` if it is a stack left running)")
+                raise RuntimeError(
+                    f"port {port} for {what} is taken: stop whatever listens there "
+                    f"(`python scripts/stack.py down` if it is a stack left running)"
+                )
         (self.home / "logs").mkdir(parents=True, exist_ok=True)
         self.airflow_home.mkdir(parents=True, exist_ok=True)
         (self.home / "mlflow").mkdir(exist_ok=True)
         (self.home / "events").mkdir(exist_ok=True)  # drop a file named retrain_request here (operators/assets.py)
         t0 = time.time()
         bin_dir = Path(sys.executable).parent
-        self._spawn("mlflow", [str(bin_dir / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(self.mlflow_port),
-                               "--workers", "1", "--backend-store-uri", f"sqlite:///{self.home / 'mlflow' / 'mlflow.db'}",
-                               "--artifacts-destination", str(self.home / "mlflow" / "artifacts")], env=MLFLOW_SERVER_ENV)
-        migrate = subprocess.run([str(bin_dir / "airflow"), "db", "migrate"], env=self.env(), cwd=PROJECT,
-                                 capture_output=True, text=True)
+        self._spawn(
+            "mlflow",
+            [
+                str(bin_dir / "mlflow"),
+                "server",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.mlflow_port),
+                "--workers",
+                "1",
+                "--backend-store-uri",
+                f"sqlite:///{self.home / 'mlflow' / 'mlflow.db'}",
+                "--artifacts-destination",
+                str(self.home / "mlflow" / "artifacts"),
+            ],
+            env=MLFLOW_SERVER_ENV,
+        )
+        migrate = subprocess.run(
+            [str(bin_dir / "airflow"), "db", "migrate"], env=self.env(), cwd=PROJECT, capture_output=True, text=True
+        )
         if migrate.returncode != 0:
             raise RuntimeError(f"airflow db migrate failed:\n{migrate.stdout[-2000:]}\n{migrate.stderr[-3000:]}")
         from operators.pools import REGISTRY_POOL
 
-        pool = subprocess.run([str(bin_dir / "airflow"), "pools", "set", REGISTRY_POOL, "1",
-                               "alias moves of the model registry, one at a time"], env=self.env(), cwd=PROJECT,
-                              capture_output=True, text=True)
+        pool = subprocess.run(
+            [
+                str(bin_dir / "airflow"),
+                "pools",
+                "set",
+                REGISTRY_POOL,
+                "1",
+                "alias moves of the model registry, one at a time",
+            ],
+            env=self.env(),
+            cwd=PROJECT,
+            capture_output=True,
+            text=True,
+        )
         if pool.returncode != 0:
             raise RuntimeError(f"airflow pools set {REGISTRY_POOL} failed:\n{pool.stderr[-3000:]}")
         for component in ("api-server", "scheduler", "dag-processor", "triggerer"):
@@ -197,8 +229,10 @@ class Stack:
             self._spawn(component, cmd)
         self._wait_http("mlflow", f"{self.mlflow_url}/health", 120)
         self._wait_http("api-server", f"{self.api_url}/api/v2/monitor/health", 180)
-        progress(f"stack up in {time.time() - t0:.0f}s: Airflow {self.api_url}, MLflow {self.mlflow_url} "
-                 f"(logs in {self.home / 'logs'})")
+        progress(
+            f"stack up in {time.time() - t0:.0f}s: Airflow {self.api_url}, MLflow {self.mlflow_url} "
+            f"(logs in {self.home / 'logs'})"
+        )
         return self
 
     def stop(self, progress=print) -> None:
@@ -226,8 +260,10 @@ class Stack:
             (self.home / "pids" / f"{name}.pid").unlink(missing_ok=True)
         self.procs = {}
         strays = self._end_strays()
-        progress(f"stack stopped ({', '.join(pids) or 'nothing was running'}"
-                 + (f"; ended {strays} processes that had left its process groups)" if strays else ")"))
+        progress(
+            f"stack stopped ({', '.join(pids) or 'nothing was running'}"
+            + (f"; ended {strays} processes that had left its process groups)" if strays else ")")
+        )
 
     def _end_strays(self, grace: float = 15) -> int:
         """End what the stack started outside its services' process groups: the LocalExecutor's task
@@ -260,8 +296,11 @@ class Stack:
         out = []
         for proc in self.processes():
             try:
-                out += [(proc.pid, proc.name(), c.laddr.ip, c.laddr.port) for c in proc.net_connections(kind="inet")
-                        if c.status == psutil.CONN_LISTEN]
+                out += [
+                    (proc.pid, proc.name(), c.laddr.ip, c.laddr.port)
+                    for c in proc.net_connections(kind="inet")
+                    if c.status == psutil.CONN_LISTEN
+                ]
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 continue
         return out
@@ -289,13 +328,22 @@ def main(argv: list[str] | None = None) -> int:
     stack.start()
     client = stack.client()
     client.wait_for_dags(["continuous_post_training", "drift_monitor", "bootstrap_champion", "rollback"])
-    for dag_id in ("continuous_post_training", "drift_monitor", "bootstrap_champion", "rollback", "simulate_production"):
+    for dag_id in (
+        "continuous_post_training",
+        "drift_monitor",
+        "bootstrap_champion",
+        "rollback",
+        "simulate_production",
+    ):
         client.unpause(dag_id)  # a watcher on a paused DAG misses its events
     stack.password  # waits until the auth manager has written it
-    print(f"\nAirflow UI: {stack.api_url}  (user {USER}; password in {stack.password_file})\n"
-          f"Evergreen page: {stack.api_url}/evergreen/\nMLflow UI: {stack.mlflow_url}\n"
-          f"Ray dashboard (while a run holds a cluster): http://127.0.0.1:{stack.ray_dashboard_port}\n"
-          "Ctrl-C stops everything.", flush=True)
+    print(
+        f"\nAirflow UI: {stack.api_url}  (user {USER}; password in {stack.password_file})\n"
+        f"Evergreen page: {stack.api_url}/evergreen/\nMLflow UI: {stack.mlflow_url}\n"
+        f"Ray dashboard (while a run holds a cluster): http://127.0.0.1:{stack.ray_dashboard_port}\n"
+        "Ctrl-C stops everything.",
+        flush=True,
+    )
     try:
         while all(p.poll() is None for p in stack.procs.values()):
             time.sleep(2)

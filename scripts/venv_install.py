@@ -9,6 +9,7 @@ extra-index-url, and the PIP_* variables) are handed to it explicitly, with pip'
 version across all indexes (a local torch+cpu wheel beside the registry's). If uv cannot be installed or
 fails, the same arguments go to pip: slower, never different.
 """
+
 from __future__ import annotations
 
 import os

@@ -18,6 +18,7 @@ grpo.steps=5` overrides one field for this command (JSON for lists and null: `--
 `--settings FILE` takes a run's resolved settings as they are (the Ray job of a DAG run). Progress goes to stderr as log lines; results
 are printed as JSON on stdout.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,8 +49,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tasks", description=__doc__.split("\n")[0])
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--config", help="pipeline YAML (default include/config/pipeline.yaml), EVERGREEN_* applied")
-    where.add_argument("--settings", help="a run's resolved settings (JSON or YAML), taken as they are: no "
-                                          "EVERGREEN_* variable changes them (the Ray job's, tasks.stages.training)")
+    where.add_argument(
+        "--settings",
+        help="a run's resolved settings (JSON or YAML), taken as they are: no "
+        "EVERGREEN_* variable changes them (the Ray job's, tasks.stages.training)",
+    )
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE")
     parser.add_argument("-v", "--verbose", action="store_true")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -68,9 +72,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--init", required=True)
     p.add_argument("--run-dir", required=True)
     p.add_argument("--fail-at-step", type=int, help="raise at this step (fault-injection tests)")
-    p.add_argument("--engines", metavar="NAMESPACE",
-                   help="use the running rollout engines named rollout-<i> in this Ray namespace (started if "
-                        "missing) and leave them running; by default the job starts its own and stops them")
+    p.add_argument(
+        "--engines",
+        metavar="NAMESPACE",
+        help="use the running rollout engines named rollout-<i> in this Ray namespace (started if "
+        "missing) and leave them running; by default the job starts its own and stops them",
+    )
     p = sub.add_parser("serve", help="serve the champion (or --model) with vLLM's OpenAI-compatible server")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--host", default="127.0.0.1", help="interface to listen on (loopback unless you mean otherwise)")
@@ -82,13 +89,18 @@ def main(argv: list[str] | None = None) -> int:
     signals_cli.add_parsers(sub)
     args = parser.parse_args(argv)
 
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
     from tasks.config import SettingsError, load_settings
 
     try:
-        settings = load_settings(args.settings or args.config, overrides=_overrides(args.set),
-                                 environ={} if args.settings else None)
+        settings = load_settings(
+            args.settings or args.config, overrides=_overrides(args.set), environ={} if args.settings else None
+        )
     except SettingsError as e:
         print(e, file=sys.stderr)
         return 2
@@ -154,8 +166,16 @@ def _ray_command(args, settings) -> int:
         pool = RolloutPool(args.model, settings)
         tasks = env.generate_tasks(args.tasks, settings.grpo.seed, env.load_toolset(args.toolset), split="train")
         records = pool.run_batch(tasks, settings.rollout.group_size, args.out, seed=settings.grpo.seed)
-        print(json.dumps({"episodes": len(records), "success_rate": sum(r["success"] for r in records) / len(records),
-                          "mean_reward": sum(r["reward"] for r in records) / len(records), "out": args.out}))
+        print(
+            json.dumps(
+                {
+                    "episodes": len(records),
+                    "success_rate": sum(r["success"] for r in records) / len(records),
+                    "mean_reward": sum(r["reward"] for r in records) / len(records),
+                    "out": args.out,
+                }
+            )
+        )
     elif args.command == "eval":
         from safetensors.torch import load_file
 
@@ -163,13 +183,17 @@ def _ray_command(args, settings) -> int:
 
         pool = RolloutPool(args.model, settings)
         first = _evaluate_pool(pool, settings, args.toolset)
-        out = {reg: first[reg].summary("sampled_success") | {"greedy": first[reg].summary("greedy_success")["mean"]}
-               for reg in args.toolset}
+        out = {
+            reg: first[reg].summary("sampled_success") | {"greedy": first[reg].summary("greedy_success")["mean"]}
+            for reg in args.toolset
+        }
         if args.against:
             pool.load_weights(load_file(Path(args.against) / "model.safetensors"), version=-1)
             second = _evaluate_pool(pool, settings, args.toolset)
-            out = {reg: {key: compare(first[reg], second[reg], key) for key in ("greedy_success", "sampled_success")}
-                   for reg in args.toolset}
+            out = {
+                reg: {key: compare(first[reg], second[reg], key) for key in ("greedy_success", "sampled_success")}
+                for reg in args.toolset
+            }
         print(json.dumps(out))
     return 0
 
@@ -183,12 +207,20 @@ def _evaluate_pool(pool, settings, toolsets: list[str]) -> dict:
     out = {}
     for toolset in toolsets:
         t0 = time.time()
-        out[toolset] = pool.score_attempts(eval_tasks(settings, toolset), settings.eval.samples,
-                                           settings.rollout.temperature, settings.eval.seed)
+        out[toolset] = pool.score_attempts(
+            eval_tasks(settings, toolset), settings.eval.samples, settings.rollout.temperature, settings.eval.seed
+        )
         s = out[toolset].summary("sampled_success", settings.eval.interval_resamples, settings.eval.confidence)
         logging.getLogger("tasks").info(
-            "eval v%s policy v%d: sampled success %.3f [%.3f, %.3f], greedy %.3f (%.1fs)", toolset, pool.policy_version,
-            s["mean"], s["low"], s["high"], out[toolset].summary("greedy_success")["mean"], time.time() - t0)
+            "eval v%s policy v%d: sampled success %.3f [%.3f, %.3f], greedy %.3f (%.1fs)",
+            toolset,
+            pool.policy_version,
+            s["mean"],
+            s["low"],
+            s["high"],
+            out[toolset].summary("greedy_success")["mean"],
+            time.time() - t0,
+        )
     return out
 
 

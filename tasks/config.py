@@ -9,6 +9,7 @@ sources, merged deeply.
 Every field is documented where it is declared; a bad value fails here, at load, with a message that
 names the field and what to change (never later, deep inside a Ray job).
 """
+
 from __future__ import annotations
 
 import json
@@ -22,18 +23,36 @@ from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDic
 from pydantic_settings.sources.utils import parse_env_vars
 
 # the sections are declared in their own module; callers import them from here, with the root and the loading
-from tasks.config_sections import (PROJECT_ROOT, BootstrapSettings, CostSettings, DriftSettings,  # noqa: F401
-                                   EnvSettings, EvalSettings, GRPOSettings, IngestSettings, LoraSettings,
-                                   ModelSettings, MonitorSettings, OrchestrationSettings, ProjectPath,
-                                   PromotionSettings, RaySettings,
-                                   RolloutSettings, SimulateSettings, TrackingSettings, _Section)
+from tasks.config_sections import (
+    PROJECT_ROOT,
+    BootstrapSettings,
+    CostSettings,
+    DriftSettings,  # noqa: F401
+    EnvSettings,
+    EvalSettings,
+    GRPOSettings,
+    IngestSettings,
+    LoraSettings,
+    ModelSettings,
+    MonitorSettings,
+    OrchestrationSettings,
+    ProjectPath,
+    PromotionSettings,
+    RaySettings,
+    RolloutSettings,
+    SimulateSettings,
+    TrackingSettings,
+    _Section,
+)
 
 DEFAULT_CONFIG = PROJECT_ROOT / "include" / "config" / "pipeline.yaml"
 ENV_PREFIX = "EVERGREEN_"
 
 
 class Settings(_Section):
-    run_dir: ProjectPath = Field(PROJECT_ROOT / "runs" / "local", description="where runs write models, records, checkpoints")
+    run_dir: ProjectPath = Field(
+        PROJECT_ROOT / "runs" / "local", description="where runs write models, records, checkpoints"
+    )
     model: ModelSettings = ModelSettings()
     env: EnvSettings = EnvSettings()
     bootstrap: BootstrapSettings = BootstrapSettings()
@@ -59,27 +78,39 @@ class Settings(_Section):
     @model_validator(mode="after")
     def _lora_needs_vllm(self):
         if self.grpo.lora is not None and self.rollout.backend != "vllm":
-            raise ValueError("grpo.lora trains an adapter that vLLM's engines apply per request: set "
-                             "rollout.backend=vllm, or grpo.lora=null for full-weight training on the hf backend")
+            raise ValueError(
+                "grpo.lora trains an adapter that vLLM's engines apply per request: set "
+                "rollout.backend=vllm, or grpo.lora=null for full-weight training on the hf backend"
+            )
         return self
 
     @model_validator(mode="after")
     def _gpu_transfer_needs_gpus(self):
         r = self.rollout
         if r.gpu_weight_transfer:
-            missing = [f for f, v in (("grpo.gpus_per_train_worker", self.grpo.gpus_per_train_worker),
-                                      ("rollout.gpus_per_worker", r.gpus_per_worker)) if v <= 0]
+            missing = [
+                f
+                for f, v in (
+                    ("grpo.gpus_per_train_worker", self.grpo.gpus_per_train_worker),
+                    ("rollout.gpus_per_worker", r.gpus_per_worker),
+                )
+                if v <= 0
+            ]
             if r.backend != "vllm":
                 missing.append("rollout.backend=vllm")
             if missing:
-                raise ValueError(f"rollout.weight_transfer_backend={r.weight_transfer_backend} moves weights GPU to "
-                                 f"GPU: set {' and '.join(missing)} (> 0 on a GPU machine), or use "
-                                 "weight_transfer_backend=gloo")
+                raise ValueError(
+                    f"rollout.weight_transfer_backend={r.weight_transfer_backend} moves weights GPU to "
+                    f"GPU: set {' and '.join(missing)} (> 0 on a GPU machine), or use "
+                    "weight_transfer_backend=gloo"
+                )
             if r.weight_transfer_backend == "ipc" and self.grpo.num_train_workers > 1:
                 # vLLM's IPC trainer gathers handles over the default group, which only rank 0 (the pool's
                 # owner) would enter
-                raise ValueError("rollout.weight_transfer_backend=ipc serves one trainer worker: set "
-                                 "grpo.num_train_workers=1, or use weight_transfer_backend=nccl")
+                raise ValueError(
+                    "rollout.weight_transfer_backend=ipc serves one trainer worker: set "
+                    "grpo.num_train_workers=1, or use weight_transfer_backend=nccl"
+                )
         return self
 
 
@@ -95,7 +126,7 @@ def parse_value(text: str):
         try:
             return json.loads(stripped)
         except json.JSONDecodeError as e:
-            raise SettingsError(f"{text!r} looks like JSON but is not ({e}); quote it as JSON, e.g. '[\"a\", \"b\"]'")
+            raise SettingsError(f'{text!r} looks like JSON but is not ({e}); quote it as JSON, e.g. \'["a", "b"]\'')
     return text
 
 
@@ -124,10 +155,12 @@ class _Env(EnvSettingsSource):
         # a misspelt section would be silently ignored by pydantic-settings; EVERGREEN_CONFIG and
         # EVERGREEN_S3_ENDPOINT_URL (no `__`) are not settings and are left alone
         for key in self._environ:
-            section = key[len(ENV_PREFIX):].split("__")[0].lower()
+            section = key[len(ENV_PREFIX) :].split("__")[0].lower()
             if key.upper().startswith(ENV_PREFIX) and "__" in key and section not in Settings.model_fields:
-                raise SettingsError(f"{key}: Evergreen settings have no section {section!r} "
-                                    f"(sections: {', '.join(Settings.model_fields)}); fix the variable's name")
+                raise SettingsError(
+                    f"{key}: Evergreen settings have no section {section!r} "
+                    f"(sections: {', '.join(Settings.model_fields)}); fix the variable's name"
+                )
         return parse_env_vars(self._environ, self.case_sensitive, self.env_ignore_empty, self.env_parse_none_str)
 
 
@@ -140,12 +173,18 @@ class _Sources(BaseSettings, Settings):
     variables (nested with `__`; JSON for lists, objects; `null` for None), then the YAML file. Sources
     merge deeply: a variable for one field leaves the file's other fields of its section alone."""
 
-    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, env_nested_delimiter="__", env_parse_none_str="null",
-                                      extra="forbid", validate_assignment=True)
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        env_nested_delimiter="__",
+        env_parse_none_str="null",
+        extra="forbid",
+        validate_assignment=True,
+    )
 
     @classmethod
-    def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings,
-                                   file_secret_settings):
+    def settings_customise_sources(
+        cls, settings_cls, init_settings, env_settings, dotenv_settings, file_secret_settings
+    ):
         path, environ = _SOURCES.get()
         return init_settings, _Env(settings_cls, environ), YamlConfigSettingsSource(settings_cls, yaml_file=path)
 
@@ -164,10 +203,14 @@ def _check_file(path: Path) -> None:
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise SettingsError(f"settings file {path} is not valid YAML{where}: {getattr(e, 'problem', None) or e}") from None
+        raise SettingsError(
+            f"settings file {path} is not valid YAML{where}: {getattr(e, 'problem', None) or e}"
+        ) from None
     if doc is not None and not isinstance(doc, dict):
-        raise SettingsError(f"settings file {path}: the top level is a {type(doc).__name__}; it must map sections "
-                            "(grpo:, rollout:, ...) to their fields")
+        raise SettingsError(
+            f"settings file {path}: the top level is a {type(doc).__name__}; it must map sections "
+            "(grpo:, rollout:, ...) to their fields"
+        )
 
 
 def load_settings(path: str | Path | None = None, overrides: dict | None = None, environ=None) -> Settings:

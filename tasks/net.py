@@ -1,8 +1,11 @@
 """Local ports: one free port to bind a server to, and whether a port already has a listener.
 
+Usage:
+
     from tasks.net import free_port, port_busy
     port = free_port()          # the kernel's pick; bind it soon (another process may take it meanwhile)
 """
+
 from __future__ import annotations
 
 import socket

@@ -1,8 +1,11 @@
 """Ending processes this project started: SIGTERM, a grace period, then SIGKILL for the ones left.
 
+Usage:
+
     from tasks.processes import end_processes
     end_processes([psutil.Process(pid) for pid in pids], grace=5.0)
 """
+
 from __future__ import annotations
 
 

@@ -11,20 +11,40 @@ from the deployment's config (pipeline.yaml, EVERGREEN_* variables). A refused o
 first task with one error naming every refused field and why; an accepted one is recorded on the run
 (run.json, an MLflow tag per field, the Evergreen page).
 """
+
 from __future__ import annotations
 
 # DAG param -> setting; any other setting a run may change through the `overrides` param
-PARAM_FIELDS = {"target_toolset": "env.target_toolset", "grpo_steps": "grpo.steps", "eval_tasks": "eval.num_tasks",
-                "sft_steps": "bootstrap.steps", "max_cost_usd": "promotion.max_cost_usd"}
+PARAM_FIELDS = {
+    "target_toolset": "env.target_toolset",
+    "grpo_steps": "grpo.steps",
+    "eval_tasks": "eval.num_tasks",
+    "sft_steps": "bootstrap.steps",
+    "max_cost_usd": "promotion.max_cost_usd",
+}
 
 # prefixes and fields a run may set freely: how it trains and how much it evaluates
-TRAINING_KNOBS = ("bootstrap.", "rollout.", "grpo.", "eval.num_tasks", "eval.samples", "eval.seed", "eval.split",
-                  "env.max_turns", "env.max_tokens_per_turn", "simulate.")
+TRAINING_KNOBS = (
+    "bootstrap.",
+    "rollout.",
+    "grpo.",
+    "eval.num_tasks",
+    "eval.samples",
+    "eval.seed",
+    "eval.split",
+    "env.max_turns",
+    "env.max_tokens_per_turn",
+    "simulate.",
+)
 # inside those, fields that are paths (a trigger must not point a run at files of its choosing)
 PATHS = ("grpo.production_tasks",)
 # gate fields a run may only make stricter: field -> the direction that is stricter
-STRICTER = {"promotion.min_gain": "higher", "promotion.min_gain_per_dollar": "higher",
-            "promotion.guard_tolerance": "lower", "promotion.max_cost_usd": "lower"}
+STRICTER = {
+    "promotion.min_gain": "higher",
+    "promotion.min_gain_per_dollar": "higher",
+    "promotion.guard_tolerance": "lower",
+    "promotion.max_cost_usd": "lower",
+}
 # toolset fields take a shipped version only: a source (mcp:<command>, a URL, a path) would let a
 # trigger start a command or read a file; served tools reach a run through the deployment's tool watch
 TOOLSETS = ("env.target_toolset", "env.champion_toolset")
@@ -43,8 +63,14 @@ def refusal(field: str, value, deployed) -> str | None:
     if field in TOOLSETS:
         from tasks.envs.toolset import shipped_version  # at run time: DAG files import this module at parse
 
-        return None if shipped_version(value) else ("a shipped toolset version only (e.g. 2); a served toolset comes "
-                                                "from the deployment's tool watch (EVERGREEN_TOOL_SOURCE)")
+        return (
+            None
+            if shipped_version(value)
+            else (
+                "a shipped toolset version only (e.g. 2); a served toolset comes "
+                "from the deployment's tool watch (EVERGREEN_TOOL_SOURCE)"
+            )
+        )
     if field in STRICTER:
         current = _get(deployed, field)
         if value is None or current is None:
@@ -53,8 +79,11 @@ def refusal(field: str, value, deployed) -> str | None:
             stricter = float(value) >= current if STRICTER[field] == "higher" else float(value) <= current
         except (TypeError, ValueError):
             return f"not a number: {value!r}"
-        return None if stricter else (f"a run may only make the gate stricter: {STRICTER[field]} than the "
-                                      f"deployment's {current}")
+        return (
+            None
+            if stricter
+            else (f"a run may only make the gate stricter: {STRICTER[field]} than the deployment's {current}")
+        )
     if field in PATHS:
         return "a path: set it in the deployment's config"
     if field.startswith(TRAINING_KNOBS):
@@ -66,8 +95,11 @@ def check_overrides(overrides: dict, deployed) -> None:
     """Raise SettingsError naming every override the run's params may not make (see the module docstring)."""
     from tasks.config import SettingsError  # DAG files import this module at parse time: keep it light
 
-    refused = [f"  {field}={value!r}: {why}" for field, value in sorted(overrides.items())
-               if (why := refusal(field, value, deployed))]
+    refused = [
+        f"  {field}={value!r}: {why}"
+        for field, value in sorted(overrides.items())
+        if (why := refusal(field, value, deployed))
+    ]
     if refused:
         raise SettingsError("the run's params may not change these settings:\n" + "\n".join(refused))
 

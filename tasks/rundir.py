@@ -7,6 +7,7 @@
 Stages hand each other files (`<run_dir>/<dag_id>/<run_id>/`), never large XComs, so a retried or
 rerun task finds what its upstream left.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,6 +21,7 @@ from tasks.storage import write_atomic
 @dataclass(frozen=True)
 class RunDir:
     """One DAG run's directory; every stage reads and writes here."""
+
     path: Path
     dag_id: str
     run_id: str

@@ -9,6 +9,7 @@ then vLLM's OpenAI server (what `vllm serve` runs) takes over this process on lo
 (`--enable-auto-tool-choice --tool-call-parser <model.tool_call_parser>`), so that clients get parsed
 `tool_calls` exactly as training and evals read them. Ctrl-C stops it.
 """
+
 from __future__ import annotations
 
 import logging
@@ -29,12 +30,33 @@ _SERVER_MAIN = "from vllm.entrypoints.launchers.api_server.entry import main; ma
 def serve_command(settings, model_dir: str | Path, port: int, host: str = "127.0.0.1") -> list[str]:
     """The command line of vLLM's OpenAI-compatible server for a checked local model directory."""
     ms = settings.model
-    return [sys.executable, "-c", _SERVER_MAIN, "--model", str(model_dir), "--host", host, "--port", str(port),
-            "--served-model-name", SERVED_NAME, "--enable-auto-tool-choice", "--tool-call-parser", ms.tool_call_parser,
-            "--dtype", ms.dtype, "--max-model-len", str(ms.max_len), "--enforce-eager",
-            "--kv-cache-memory-bytes", str(settings.rollout.kv_cache_mb << 20), "--generation-config", "auto",
-            *(["--trust-remote-code"] if ms.trust_remote_code else []),
-            *(["--revision", ms.revision] if ms.revision else [])]
+    return [
+        sys.executable,
+        "-c",
+        _SERVER_MAIN,
+        "--model",
+        str(model_dir),
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--served-model-name",
+        SERVED_NAME,
+        "--enable-auto-tool-choice",
+        "--tool-call-parser",
+        ms.tool_call_parser,
+        "--dtype",
+        ms.dtype,
+        "--max-model-len",
+        str(ms.max_len),
+        "--enforce-eager",
+        "--kv-cache-memory-bytes",
+        str(settings.rollout.kv_cache_mb << 20),
+        "--generation-config",
+        "auto",
+        *(["--trust-remote-code"] if ms.trust_remote_code else []),
+        *(["--revision", ms.revision] if ms.revision else []),
+    ]
 
 
 def prepare(settings, model_uri: str | None = None) -> Path:
@@ -49,10 +71,13 @@ def prepare(settings, model_uri: str | None = None) -> Path:
         shutil.rmtree(dest, ignore_errors=True)  # the alias may have moved since the last serve
         directory = fetch_champion(settings, dest)
     else:
-        directory = resolve_model_dir(model_uri, Path(settings.run_dir) / "serving" / "download", settings.model.revision)
+        directory = resolve_model_dir(
+            model_uri, Path(settings.run_dir) / "serving" / "download", settings.model.revision
+        )
     storage.verify_manifest(directory)
-    ChatFormat.load(directory, settings.model.tool_call_parser, settings.model.revision,
-                    settings.model.trust_remote_code)
+    ChatFormat.load(
+        directory, settings.model.tool_call_parser, settings.model.revision, settings.model.trust_remote_code
+    )
     return directory
 
 
@@ -60,9 +85,17 @@ def serve(settings, port: int = 8000, model_uri: str | None = None, host: str = 
     """Prepare the model, then replace this process with vLLM's server (its exit status is ours)."""
     directory = prepare(settings, model_uri)
     cmd = serve_command(settings, directory, port, host)
-    log.info("serving %s as %r on http://%s:%d/v1 (tool parser %s)", directory, SERVED_NAME, host, port,
-             settings.model.tool_call_parser)
-    env = dict(os.environ, HF_HUB_OFFLINE="1", VLLM_CPU_OMP_THREADS_BIND=os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind"))
+    log.info(
+        "serving %s as %r on http://%s:%d/v1 (tool parser %s)",
+        directory,
+        SERVED_NAME,
+        host,
+        port,
+        settings.model.tool_call_parser,
+    )
+    env = dict(
+        os.environ, HF_HUB_OFFLINE="1", VLLM_CPU_OMP_THREADS_BIND=os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    )
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(cmd[0], cmd, env)

@@ -11,6 +11,7 @@ The S3 endpoint comes from `EVERGREEN_S3_ENDPOINT_URL`, else boto3's own `AWS_EN
 `AWS_ENDPOINT_URL`, else AWS. Credentials come from boto3's usual chain and are never logged: error
 messages name the bucket and key only. Transient S3 errors are retried by botocore (standard mode).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -37,7 +38,7 @@ def is_http(uri: str | Path) -> bool:
 
 
 def split_s3(uri: str) -> tuple[str, str]:
-    bucket, _, key = uri[len("s3://"):].partition("/")
+    bucket, _, key = uri[len("s3://") :].partition("/")
     if not bucket:
         raise ValueError(f"{uri!r} is not an s3:// URI of the form s3://bucket/key")
     return bucket, key
@@ -48,8 +49,7 @@ def _client(endpoint_url: str | None):
     import boto3
     from botocore.config import Config
 
-    return boto3.client("s3", endpoint_url=endpoint_url,
-                        config=Config(retries={"mode": "standard", "max_attempts": 5}))
+    return boto3.client("s3", endpoint_url=endpoint_url, config=Config(retries={"mode": "standard", "max_attempts": 5}))
 
 
 def s3_client():
@@ -82,8 +82,15 @@ def list_files(uri: str | Path, suffixes: tuple[str, ...] = ()) -> list[str]:
 
 
 MISSING_CODES = {"NoSuchKey", "NoSuchBucket", "404", "NotFound"}
-DENIED_CODES = {"AccessDenied", "403", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken",
-                "InvalidToken", "AllAccessDisabled"}
+DENIED_CODES = {
+    "AccessDenied",
+    "403",
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+    "ExpiredToken",
+    "InvalidToken",
+    "AllAccessDisabled",
+}
 
 
 def s3_error(error: Exception, uri: str) -> Exception:
@@ -94,8 +101,10 @@ def s3_error(error: Exception, uri: str) -> Exception:
     if code in MISSING_CODES:
         return FileNotFoundError(f"{uri}: not found ({code})")
     if code in DENIED_CODES:
-        return PermissionError(f"{uri}: access denied ({code}): check the credentials (AWS_* or the Airflow "
-                               "connection) and the bucket's policy")
+        return PermissionError(
+            f"{uri}: access denied ({code}): check the credentials (AWS_* or the Airflow "
+            "connection) and the bucket's policy"
+        )
     return error
 
 
@@ -137,8 +146,10 @@ def read_bytes(uri: str | Path, verify: bool = True) -> bytes:
         expected = response.get("Metadata", {}).get(SHA256_META)
         actual = hashlib.sha256(data).hexdigest()
         if expected and actual != expected:
-            raise ChecksumError(f"{uri}: sha256 {actual[:12]}... differs from the {expected[:12]}... recorded at "
-                                "write: the object changed or is corrupt")
+            raise ChecksumError(
+                f"{uri}: sha256 {actual[:12]}... differs from the {expected[:12]}... recorded at "
+                "write: the object changed or is corrupt"
+            )
         return data
     with open_binary(uri) as f:
         return f.read()
@@ -191,7 +202,10 @@ def publish_dir(tmp: str | Path, final: str | Path) -> Path:
         libc = ctypes.CDLL(None, use_errno=True)
         renameat2 = getattr(libc, "renameat2", None)
         at_fdcwd, exchange = -100, 2  # AT_FDCWD, RENAME_EXCHANGE
-        if renameat2 is not None and renameat2(at_fdcwd, str(tmp).encode(), at_fdcwd, str(final).encode(), exchange) == 0:
+        if (
+            renameat2 is not None
+            and renameat2(at_fdcwd, str(tmp).encode(), at_fdcwd, str(final).encode(), exchange) == 0
+        ):
             shutil.rmtree(tmp, ignore_errors=True)  # tmp now holds the old contents
         else:
             old = final.with_name(f".{final.name}.old-{os.getpid()}")
@@ -215,8 +229,9 @@ def write_bytes(uri: str | Path, data: bytes) -> str:
     if is_s3(uri):
         bucket, key = split_s3(uri)
         # one PUT is atomic in S3; the sha256 rides along as metadata and is checked by read_bytes
-        s3_client().put_object(Bucket=bucket, Key=key, Body=data,
-                               Metadata={SHA256_META: hashlib.sha256(data).hexdigest()})
+        s3_client().put_object(
+            Bucket=bucket, Key=key, Body=data, Metadata={SHA256_META: hashlib.sha256(data).hexdigest()}
+        )
         return uri
     with atomic_writer(Path(uri)) as f:
         f.write(data)
@@ -236,8 +251,13 @@ def upload_file(local: str | Path, uri: str) -> str:
     from boto3.s3.transfer import TransferConfig
 
     bucket, key = split_s3(uri)
-    s3_client().upload_file(str(local), bucket, key, ExtraArgs={"Metadata": {SHA256_META: sha256_file(local)}},
-                            Config=TransferConfig(multipart_threshold=8 << 20, multipart_chunksize=8 << 20))
+    s3_client().upload_file(
+        str(local),
+        bucket,
+        key,
+        ExtraArgs={"Metadata": {SHA256_META: sha256_file(local)}},
+        Config=TransferConfig(multipart_threshold=8 << 20, multipart_chunksize=8 << 20),
+    )
     return uri
 
 
@@ -271,8 +291,11 @@ def sha256_file(path: str | Path, block: int = 1 << 20) -> str:
 def write_manifest(directory: str | Path) -> dict:
     """Record the sha256 of every file under `directory` in `directory/checksums.json`."""
     directory = Path(directory)
-    files = {str(p.relative_to(directory)): sha256_file(p) for p in sorted(directory.rglob("*"))
-             if p.is_file() and p.name != MANIFEST}
+    files = {
+        str(p.relative_to(directory)): sha256_file(p)
+        for p in sorted(directory.rglob("*"))
+        if p.is_file() and p.name != MANIFEST
+    }
     manifest = {"algorithm": "sha256", "files": files}
     write_bytes(directory / MANIFEST, json.dumps(manifest, indent=1).encode())
     return manifest
@@ -283,11 +306,18 @@ def verify_manifest(directory: str | Path) -> None:
     directory = Path(directory)
     path = directory / MANIFEST
     if not path.exists():
-        raise ChecksumError(f"{directory} has no {MANIFEST}: it was not saved by Evergreen (or lost it); "
-                            "re-save it with tasks.policy.model.save_model")
+        raise ChecksumError(
+            f"{directory} has no {MANIFEST}: it was not saved by Evergreen (or lost it); "
+            "re-save it with tasks.policy.model.save_model"
+        )
     expected = json.loads(path.read_text())["files"]
-    bad = [name for name, digest in expected.items()
-           if not (directory / name).is_file() or sha256_file(directory / name) != digest]
+    bad = [
+        name
+        for name, digest in expected.items()
+        if not (directory / name).is_file() or sha256_file(directory / name) != digest
+    ]
     if bad:
-        raise ChecksumError(f"{directory}: checksum mismatch or missing file for {', '.join(bad)}; "
-                            "the artifact is corrupt or was modified after it was saved: refusing to load it")
+        raise ChecksumError(
+            f"{directory}: checksum mismatch or missing file for {', '.join(bad)}; "
+            "the artifact is corrupt or was modified after it was saved: refusing to load it"
+        )

@@ -13,6 +13,7 @@ redacted before it leaves the process (values of keys named like secret/password
 and user:password@ in URLs). The MLflow client retries a few times with a short timeout, so a server
 that is down fails the step within a minute instead of hanging it (MLFLOW_HTTP_REQUEST_* to change).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -22,7 +23,9 @@ from pathlib import Path
 from typing import Any, Iterator
 
 # "token" only as a whole last word: `max_tokens_per_turn` or `trained_tokens` are figures, not secrets
-_SECRET_KEY = re.compile(r"secret|password|passwd|credential|access_key|api_key|(^|[._])(auth_|access_|api_)?token$", re.I)
+_SECRET_KEY = re.compile(
+    r"secret|password|passwd|credential|access_key|api_key|(^|[._])(auth_|access_|api_)?token$", re.I
+)
 _URL_USERINFO = re.compile(r"(?<=://)[^/@\s]+@")
 
 
@@ -81,8 +84,12 @@ def fail_fast() -> None:
 class Tracker:
     """Wraps the MLflow client for one experiment; stages nest under the active pipeline run."""
 
-    def __init__(self, tracking_uri: str | None = None, experiment: str = "evergreen",
-                 artifact_location: str | Path | None = None):
+    def __init__(
+        self,
+        tracking_uri: str | None = None,
+        experiment: str = "evergreen",
+        artifact_location: str | Path | None = None,
+    ):
         fail_fast()
         import mlflow
 
@@ -148,12 +155,15 @@ class Tracker:
         flat = {k: ("" if v is None else str(v))[:6000] for k, v in flatten(params).items()}
         items = list(flat.items())
         for i in range(0, len(items), 100):  # the REST API takes at most 100 params per batch
-            self.mlflow.log_params(dict(items[i:i + 100]))
+            self.mlflow.log_params(dict(items[i : i + 100]))
 
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
         # metrics are numbers, never credentials: no redaction (it would drop e.g. `trained_tokens`)
-        clean = {k: float(v) for k, v in flatten(metrics, redacted=False).items()
-                 if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        clean = {
+            k: float(v)
+            for k, v in flatten(metrics, redacted=False).items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool)
+        }
         self.mlflow.log_metrics(clean, step=step)
 
     def set_tags(self, tags: dict[str, Any]) -> None:
@@ -179,9 +189,12 @@ class Tracker:
             # a local checkpoint: MLflow copies the directory as it is (checksums included); pinned requirements
             # and a card of our own, so nothing is inferred by importing the model or asked of the Hub
             mlflow.transformers.save_model(
-                transformers_model=str(model_dir), path=str(out), task="llm/v1/chat",
+                transformers_model=str(model_dir),
+                path=str(out),
+                task="llm/v1/chat",
                 pip_requirements=[f"transformers=={transformers.__version__}", f"torch=={torch.__version__}"],
-                model_card=ModelCard("Evergreen agent: a policy trained by the Evergreen loop."))
+                model_card=ModelCard("Evergreen agent: a policy trained by the Evergreen loop."),
+            )
             self.mlflow.log_artifacts(str(out), artifact_path)
 
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
@@ -200,5 +213,7 @@ class Tracker:
         """A link to the run in the MLflow UI (for a SQLite store: the `mlflow ui` command that serves it)."""
         if self.tracking_uri.startswith("http"):
             return f"{self.tracking_uri.rstrip('/')}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}"
-        return (f"mlflow ui --backend-store-uri {self.tracking_uri} --port 5000, then "
-                f"http://127.0.0.1:5000/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}")
+        return (
+            f"mlflow ui --backend-store-uri {self.tracking_uri} --port 5000, then "
+            f"http://127.0.0.1:5000/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}"
+        )

@@ -5,6 +5,7 @@ The template follows Qwen2.5's tool-calling template (`<|im_start|>`/`<|im_end|>
 `<tools>`, calls as `<tool_call>\\n{json}\\n</tool_call>`, tool results grouped into a user turn inside
 `<tool_response>`), with a shorter default system line. vLLM's `hermes` parser reads its calls.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -67,8 +68,12 @@ def qwen_tokenizer(vocab_size: int = 600):
     backend = Tokenizer(models.BPE())
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     backend.train_from_iterator(environment_text(), trainer=trainer)
     backend.add_tokens([AddedToken(t, special=False, normalized=False) for t in TAGS])
     tok = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|im_end|>", pad_token="<|endoftext|>")
@@ -84,9 +89,20 @@ def build_qwen(directory: str | Path, seed: int = 0) -> Path:
 
     tok = qwen_tokenizer()
     eos, pad = tok.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])
-    cfg = Qwen2Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=1024,
-                      tie_word_embeddings=True, eos_token_id=eos, pad_token_id=pad, bos_token_id=None, dtype="float32")
+    cfg = Qwen2Config(
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+        eos_token_id=eos,
+        pad_token_id=pad,
+        bos_token_id=None,
+        dtype="float32",
+    )
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(cfg)
     model.generation_config = GenerationConfig(eos_token_id=[eos, pad], pad_token_id=pad)

@@ -1,5 +1,6 @@
 """Helpers for tests that start servers or use a registry: wait for an HTTP endpoint, run `python -m tasks
 serve` for the length of a `with` block, register a model directory as a registry's champion."""
+
 from __future__ import annotations
 
 import contextlib
@@ -27,8 +28,9 @@ def wait_for_http(url: str, proc: subprocess.Popen, log_path: Path, timeout: flo
         except OSError:
             if proc.poll() is not None or time.monotonic() > deadline:
                 tail = Path(log_path).read_text()[-3000:]
-                raise RuntimeError(f"{url} did not answer within {timeout:.0f} s (exit {proc.poll()}); "
-                                   f"see {log_path}:\n{tail}") from None
+                raise RuntimeError(
+                    f"{url} did not answer within {timeout:.0f} s (exit {proc.poll()}); see {log_path}:\n{tail}"
+                ) from None
             time.sleep(interval)
 
 
@@ -40,9 +42,14 @@ def served(tracking_uri: str, work_dir: Path, *sets: str) -> Iterator[str]:
     log_path = work_dir / "serve.log"
     sets = ("tracking.uri=" + tracking_uri, f"run_dir={work_dir / 'run'}", "rollout.kv_cache_mb=32", *sets)
     with open(log_path, "w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "tasks", *(x for s in sets for x in ("--set", s)), "serve",
-                                 "--port", str(port)], cwd=ROOT, env=os.environ | {"PYTHONPATH": str(ROOT)},
-                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tasks", *(x for s in sets for x in ("--set", s)), "serve", "--port", str(port)],
+            cwd=ROOT,
+            env=os.environ | {"PYTHONPATH": str(ROOT)},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         url = f"http://127.0.0.1:{port}"
         try:
             wait_for_http(f"{url}/v1/models", proc, log_path, timeout=300, interval=1)

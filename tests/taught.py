@@ -1,6 +1,7 @@
 """A model taught one tool call: the embedded default's architecture, small, fine-tuned on one desk
 demonstration until greedy decoding repeats it. A deterministic caller for serving tests (nothing
 downloaded; a few seconds of SFT)."""
+
 from __future__ import annotations
 
 import random

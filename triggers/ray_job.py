@@ -24,6 +24,7 @@ kwargs cannot record how far it got).
 
 Tests: `pytest -q tests/integration/test_ray_job_operator.py`, tests/unit/operators/test_hooks.py (kwargs).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -47,9 +48,11 @@ def trigger_env(env: Mapping[str, str] | None) -> dict[str, str]:
     """The part of a cluster's env that may go into trigger kwargs; ValueError if it holds the token itself."""
     env = dict(env or {})
     if env.get("RAY_AUTH_TOKEN"):
-        raise ValueError("the cluster's env holds the Ray auth token itself (RAY_AUTH_TOKEN), and trigger kwargs are "
-                         "stored in Airflow's metadata database: give the cluster a RAY_AUTH_TOKEN_PATH (a file the "
-                         "triggerer can read) or put the token in the ray_jobs connection (its password)")
+        raise ValueError(
+            "the cluster's env holds the Ray auth token itself (RAY_AUTH_TOKEN), and trigger kwargs are "
+            "stored in Airflow's metadata database: give the cluster a RAY_AUTH_TOKEN_PATH (a file the "
+            "triggerer can read) or put the token in the ray_jobs connection (its password)"
+        )
     return {k: env[k] for k in _TRIGGER_ENV if env.get(k)}
 
 
@@ -64,10 +67,18 @@ class RayJobTrigger(BaseTrigger):
     :param max_poll_failures: consecutive failed status checks (dashboard unreachable) before an ERROR event
     """
 
-    def __init__(self, job_id: str, dashboard_url: str | None = None, env: dict[str, str] | None = None,
-                 poll_interval: float = 5.0, deadline: float | None = None, timeout: float | None = None,
-                 log_tail_lines: int = 40, max_poll_failures: int = 5,
-                 conn_id: str | None = RayJobHook.default_conn_name):
+    def __init__(
+        self,
+        job_id: str,
+        dashboard_url: str | None = None,
+        env: dict[str, str] | None = None,
+        poll_interval: float = 5.0,
+        deadline: float | None = None,
+        timeout: float | None = None,
+        log_tail_lines: int = 40,
+        max_poll_failures: int = 5,
+        conn_id: str | None = RayJobHook.default_conn_name,
+    ):
         super().__init__()
         self.job_id = job_id
         self.dashboard_url = dashboard_url
@@ -80,10 +91,19 @@ class RayJobTrigger(BaseTrigger):
         self._hook: RayJobHook | None = None
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
-        return ("triggers.ray_job.RayJobTrigger", {
-            "job_id": self.job_id, "dashboard_url": self.dashboard_url, "env": self.env, "conn_id": self.conn_id,
-            "poll_interval": self.poll_interval, "deadline": self.deadline,
-            "log_tail_lines": self.log_tail_lines, "max_poll_failures": self.max_poll_failures})
+        return (
+            "triggers.ray_job.RayJobTrigger",
+            {
+                "job_id": self.job_id,
+                "dashboard_url": self.dashboard_url,
+                "env": self.env,
+                "conn_id": self.conn_id,
+                "poll_interval": self.poll_interval,
+                "deadline": self.deadline,
+                "log_tail_lines": self.log_tail_lines,
+                "max_poll_failures": self.max_poll_failures,
+            },
+        )
 
     def with_hook(self, hook: RayJobHook) -> RayJobTrigger:
         """Use a hook that is resolved already: the operator's, when it runs this trigger in the worker."""
@@ -133,11 +153,15 @@ class RayJobTrigger(BaseTrigger):
                 except Exception as e:
                     failures += 1
                     if failures >= self.max_poll_failures:
-                        yield self._event("ERROR", f"could not read the job's status {failures} times in a row "
-                                          f"from {hook.dashboard_url}: {e}", tail)
+                        yield self._event(
+                            "ERROR",
+                            f"could not read the job's status {failures} times in a row from {hook.dashboard_url}: {e}",
+                            tail,
+                        )
                         return
-                    self.log.warning("Ray job %s: status check failed (%d/%d): %s", self.job_id, failures,
-                                     self.max_poll_failures, e)
+                    self.log.warning(
+                        "Ray job %s: status check failed (%d/%d): %s", self.job_id, failures, self.max_poll_failures, e
+                    )
                     await asyncio.sleep(self.poll_interval)
                     continue
                 status = str(info.status)
@@ -150,8 +174,11 @@ class RayJobTrigger(BaseTrigger):
                     # the websocket closed or failed before the job ended: read the full log each poll
                     if not tail_lost:
                         error = None if follower.cancelled() else follower.exception()
-                        self.log.warning("Ray job %s: log tail ended early (%s); reading the full log each poll",
-                                         self.job_id, error or "closed")
+                        self.log.warning(
+                            "Ray job %s: log tail ended early (%s); reading the full log each poll",
+                            self.job_id,
+                            error or "closed",
+                        )
                         tail_lost = True
                     await catch_up()
                 ended = job_ended(status)
@@ -163,8 +190,11 @@ class RayJobTrigger(BaseTrigger):
                     if ended:
                         yield self._event(status, _short(info.message), tail)
                     else:
-                        yield self._event("TIMEOUT", f"still {status} when the deadline passed "
-                                          f"(Ray: {_short(info.message) or 'no message'})", tail)
+                        yield self._event(
+                            "TIMEOUT",
+                            f"still {status} when the deadline passed (Ray: {_short(info.message) or 'no message'})",
+                            tail,
+                        )
                     return
                 wait = self.poll_interval
                 if self.deadline is not None:
@@ -181,8 +211,9 @@ class RayJobTrigger(BaseTrigger):
         """The user killed the deferred task (mark failed/success, clear): stop the job as well."""
         hook = await self._ahook()
         stopped = await asyncio.wait_for(asyncio.to_thread(hook.stop, self.job_id), timeout=30)
-        self.log.info("Ray job %s: %s after the task was killed", self.job_id,
-                      "stopping" if stopped else "was not running")
+        self.log.info(
+            "Ray job %s: %s after the task was killed", self.job_id, "stopping" if stopped else "was not running"
+        )
 
 
 def _short(message: str | None) -> str:

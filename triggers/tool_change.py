@@ -15,6 +15,7 @@ list_changed` is re-read when it says so (and every `poll_interval` anyway); oth
 `poll_interval` seconds. A source that cannot be read is logged and retried, never fatal: the watch must
 outlive an outage of the thing it watches.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -28,16 +29,16 @@ STATE_KEY = "fired_hash"
 
 
 class ToolChangeTrigger(BaseEventTrigger):
-    def __init__(self, source: str, baseline: str | None = None, env: str | None = None,
-                 poll_interval: float = 30.0):
+    def __init__(self, source: str, baseline: str | None = None, env: str | None = None, poll_interval: float = 30.0):
         super().__init__()
         self.source, self.baseline, self.env, self.poll_interval = source, baseline, env, poll_interval
         self._fired: str | None = None  # without a state store (a test running the trigger directly)
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
-        return ("triggers.tool_change.ToolChangeTrigger",
-                {"source": self.source, "baseline": self.baseline, "env": self.env,
-                 "poll_interval": self.poll_interval})
+        return (
+            "triggers.tool_change.ToolChangeTrigger",
+            {"source": self.source, "baseline": self.baseline, "env": self.env, "poll_interval": self.poll_interval},
+        )
 
     def _diff(self):
         from tasks.config import load_settings
@@ -68,16 +69,28 @@ class ToolChangeTrigger(BaseEventTrigger):
                 try:
                     diff = await asyncio.to_thread(self._diff)
                 except Exception as e:  # noqa: BLE001 - the watched service may be down; keep watching
-                    log.warning("tool source %s: cannot read or diff it (%s: %s); retrying in %.0fs",
-                                self.source, type(e).__name__, e, self.poll_interval)
+                    log.warning(
+                        "tool source %s: cannot read or diff it (%s: %s); retrying in %.0fs",
+                        self.source,
+                        type(e).__name__,
+                        e,
+                        self.poll_interval,
+                    )
                 else:
                     fired = await self._state()
                     if diff.breaking and diff.new_hash != fired:
                         log.info("tool change at %s: %s", self.source, diff.summary)
                         await self._state(diff.new_hash, write=True)
-                        yield TriggerEvent({"kind": "tool_change", "summary": f"tool change: {diff.summary}",
-                                            "source": self.source, "old_hash": diff.old_hash,
-                                            "new_hash": diff.new_hash, "changes": len(diff.changes)})
+                        yield TriggerEvent(
+                            {
+                                "kind": "tool_change",
+                                "summary": f"tool change: {diff.summary}",
+                                "source": self.source,
+                                "old_hash": diff.old_hash,
+                                "new_hash": diff.new_hash,
+                                "changes": len(diff.changes),
+                            }
+                        )
                     elif not diff.breaking and fired is not None:
                         await self._state(None, write=True)  # back to compatible tools: the next break fires
                 await changes.wait(self.poll_interval)
@@ -111,7 +124,7 @@ class _Notifications:
 
         from tasks.envs.mcp_backend import MCPBackend
 
-        target = self.source[len("mcp:"):].strip()
+        target = self.source[len("mcp:") :].strip()
         server = target if target.startswith(("http://", "https://")) else shlex.split(target)
         self.backend = await asyncio.to_thread(MCPBackend, server)
         self.seen = await self.backend.watch_tools()

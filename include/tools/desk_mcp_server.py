@@ -16,6 +16,7 @@ client's connection. The server keeps no per-episode state: HTTP runs the SDK's 
 The lowlevel `Server` is used rather than MCPServer: MCPServer derives a tool's schema from a Python
 signature, and here the schemas are data (the toolset file) that must reach the client unchanged.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -61,9 +62,15 @@ def load(path: Path) -> Served:
     tools = toolset["tools"]
     version = str(toolset["version"])
     strict = version.isdigit() and int(version) >= STRICT_FROM_VERSION  # as desk's generate_tasks decides
-    served = [types.Tool(name=t["function"]["name"], description=t["function"].get("description"),
-                         input_schema=t["function"].get("parameters") or {"type": "object", "properties": {}},
-                         _meta={HANDLER_META: t["x-evergreen-handler"]}) for t in tools]
+    served = [
+        types.Tool(
+            name=t["function"]["name"],
+            description=t["function"].get("description"),
+            input_schema=t["function"].get("parameters") or {"type": "object", "properties": {}},
+            _meta={HANDLER_META: t["x-evergreen-handler"]},
+        )
+        for t in tools
+    ]
     validators = {t.name: Draft202012Validator(t.input_schema) for t in served}
     digest = hashlib.sha256(json.dumps([toolset["version"], tools], sort_keys=True).encode()).hexdigest()
     return Served(toolset["version"], served, DeskService(_tool_bindings(tools), strict=strict), validators, digest)
@@ -79,8 +86,13 @@ class DeskMCP:
         self.stamp = self.bad_stamp = self._stamp()
         self.bus = InMemorySubscriptionBus()  # fan-out to subscriptions/listen streams (2026-07-28 clients)
         self.legacy_sessions: list = []  # handshake-era connections (stdio only), told directly
-        self.server = Server("evergreen-desk", version="1", on_list_tools=self.list_tools,
-                             on_call_tool=self.call_tool, on_subscriptions_listen=ListenHandler(self.bus))
+        self.server = Server(
+            "evergreen-desk",
+            version="1",
+            on_list_tools=self.list_tools,
+            on_call_tool=self.call_tool,
+            on_subscriptions_listen=ListenHandler(self.bus),
+        )
 
     async def list_tools(self, ctx, params) -> types.ListToolsResult:
         served = self.served

@@ -33,6 +33,7 @@ Sessions live in one LRU ordered by last use, bounded by --max-sessions and an i
 stays flat however many episodes pass; a session's tools and bindings are interned (every task of a
 toolset shares them), leaving a few hundred bytes of per-episode state.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -93,8 +94,12 @@ class Session:
             self._note(name, False)
             return {"output": f"error: tool failed ({type(e).__name__})", "is_error": True, "fault": "tool_failed"}
         self.n_valid += 1
-        if not self.grounded and self.expected is not None \
-                and normalise_answer(out) == normalise_answer(self.expected) and self.service.solves(name, args):
+        if (
+            not self.grounded
+            and self.expected is not None
+            and normalise_answer(out) == normalise_answer(self.expected)
+            and self.service.solves(name, args)
+        ):
             self.grounded = True
         self._note(name, True)
         return {"output": out}
@@ -112,10 +117,13 @@ class Session:
         answer = body.get("answer")
         answer = answer if isinstance(answer, str) else None
         verdict = grounded_score(
-            answer, self.expected, self.grounded,
+            answer,
+            self.expected,
+            self.grounded,
             fmt=float(body.get("format", 1.0 if answer and answer.strip() else 0.0)),
             validity=float(body.get("call_validity", self.n_valid / self.n_calls if self.n_calls else 0.0)),
-            unanswered="no final answer")
+            unanswered="no final answer",
+        )
         if self.expected is None:
             verdict["reason"] = "the session was seeded without a task: there is no expected answer"
         return {**verdict, "tool_calls": self.n_calls, "tool_errors": self.n_calls - self.n_valid, "calls": self.log}
@@ -159,14 +167,18 @@ class SessionStore:
         return len(self._sessions)
 
 
-def create_app(toolset: dict, latency_ms: float = 0.0, max_sessions: int = 100_000,
-               session_ttl_s: float = 900.0) -> FastAPI:
+def create_app(
+    toolset: dict, latency_ms: float = 0.0, max_sessions: int = 100_000, session_ttl_s: float = 900.0
+) -> FastAPI:
     tools = toolset["tools"]
     clash = [t["function"]["name"] for t in tools if t["function"]["name"] in RESERVED]
     if clash:
         raise ValueError(f"tool names {clash} clash with the server's own routes {RESERVED}")
-    strict = toolset.get("version") is not None and str(toolset["version"]).isdigit() \
+    strict = (
+        toolset.get("version") is not None
+        and str(toolset["version"]).isdigit()
         and int(toolset["version"]) >= STRICT_FROM_VERSION
+    )
     interned: dict[bytes, tuple[dict, dict]] = {}  # (tools, bindings) JSON -> shared parsed copies
 
     def shared(task_tools: list, bindings: dict | None) -> tuple[dict, dict]:
@@ -199,20 +211,26 @@ def create_app(toolset: dict, latency_ms: float = 0.0, max_sessions: int = 100_0
             if task:
                 data = task.get("data") or task.get("service") or {}  # Task.service was renamed to Task.data
                 by_name, bindings = shared(task["tools"], data.get("bindings"))
-                service = DeskService(bindings, bool(data.get("strict", strict)), family=task.get("family"),
-                                      solution=data.get("solution"))
+                service = DeskService(
+                    bindings, bool(data.get("strict", strict)), family=task.get("family"), solution=data.get("solution")
+                )
                 session = Session(service, by_name, task.get("expected"))
             else:
                 session = Session(stateless.service, default_tools, None)
         except (orjson.JSONDecodeError, AttributeError, KeyError, TypeError, ValueError) as e:
             return _json({"detail": f"bad task: {type(e).__name__}: {e}"}, 400)
         sid = store.add(session)
-        return _json({"session_id": sid}, 200,
-                     **{"set-cookie": f"{COOKIE}={sid}; Path=/; HttpOnly; SameSite=Lax"})
+        return _json({"session_id": sid}, 200, **{"set-cookie": f"{COOKIE}={sid}; Path=/; HttpOnly; SameSite=Lax"})
 
     def lost(sid: str) -> Response:
-        return _json({"detail": f"session {sid[:8]}... is unknown or expired (server restarted, or idle past "
-                                f"{session_ttl_s:.0f} s); seed a new one", "fault": "session_lost"}, 410)
+        return _json(
+            {
+                "detail": f"session {sid[:8]}... is unknown or expired (server restarted, or idle past "
+                f"{session_ttl_s:.0f} s); seed a new one",
+                "fault": "session_lost",
+            },
+            410,
+        )
 
     @app.post("/verify")
     async def verify(request: Request):
@@ -247,8 +265,11 @@ def create_app(toolset: dict, latency_ms: float = 0.0, max_sessions: int = 100_0
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--toolset", default=str(ROOT / "include/tools/registry_v2.json"),
-                    help="a registry file, or a shipped version of desk's toolset (1, 2)")
+    ap.add_argument(
+        "--toolset",
+        default=str(ROOT / "include/tools/registry_v2.json"),
+        help="a registry file, or a shipped version of desk's toolset (1, 2)",
+    )
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8765)
     ap.add_argument("--latency-ms", type=float, default=0.0, help="asyncio.sleep added to every tool call")
@@ -259,14 +280,26 @@ def main(argv: list[str] | None = None) -> None:
 
     app = create_app(load_toolset(args.toolset, "desk"), args.latency_ms, args.max_sessions, args.session_ttl_s)
     has = importlib.util.find_spec
-    print(f"desk resources server on http://{args.host}:{args.port} (toolset {args.toolset}, "
-          f"latency {args.latency_ms} ms)", file=sys.stderr, flush=True)
+    print(
+        f"desk resources server on http://{args.host}:{args.port} (toolset {args.toolset}, "
+        f"latency {args.latency_ms} ms)",
+        file=sys.stderr,
+        flush=True,
+    )
     # one process, one event loop: sessions live in this process's memory. The keep-alive outlasts the
     # client's (http_backend keeps idle connections 15 s), so it is always the client that closes an idle
     # connection and never reuses one the server has just dropped (a POST is not retried).
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False,
-                loop="uvloop" if has("uvloop") else "asyncio", http="httptools" if has("httptools") else "h11",
-                timeout_keep_alive=75, backlog=4096)
+    uvicorn.run(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level="warning",
+        access_log=False,
+        loop="uvloop" if has("uvloop") else "asyncio",
+        http="httptools" if has("httptools") else "h11",
+        timeout_keep_alive=75,
+        backlog=4096,
+    )
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@
 Each returns a SuiteOutcome (tasks.data.validation); the suites are include/gx/rollouts.json and
 include/gx/eval_results.json. The frames are built here, so the suites see flat columns.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -17,28 +18,35 @@ from tasks.data.validation import SuiteOutcome, Validator
 def rollout_frame(records: list[dict]):
     import pandas as pd
 
-    return pd.DataFrame({
-        "task_index": [r["task_index"] for r in records],
-        "rollout_index": [r["rollout_index"] for r in records],
-        "policy_version": [r["policy_version"] for r in records],
-        "reward": [r["reward"] for r in records],
-        "completion_tokens": [r["completion_tokens"] for r in records],
-        # tool-result tokens carry logprob 0.0 (masked out); the sampled ones must be <= 0
-        "max_logprob": [max((lp for lp, m in zip(r["logprobs"], r["completion_mask"]) if m), default=0.0) for r in records],
-        "n_completion_ids": [len(r["completion_ids"]) for r in records],
-        "n_logprobs": [len(r["logprobs"]) for r in records],
-    })
+    return pd.DataFrame(
+        {
+            "task_index": [r["task_index"] for r in records],
+            "rollout_index": [r["rollout_index"] for r in records],
+            "policy_version": [r["policy_version"] for r in records],
+            "reward": [r["reward"] for r in records],
+            "completion_tokens": [r["completion_tokens"] for r in records],
+            # tool-result tokens carry logprob 0.0 (masked out); the sampled ones must be <= 0
+            "max_logprob": [
+                max((lp for lp, m in zip(r["logprobs"], r["completion_mask"]) if m), default=0.0) for r in records
+            ],
+            "n_completion_ids": [len(r["completion_ids"]) for r in records],
+            "n_logprobs": [len(r["logprobs"]) for r in records],
+        }
+    )
 
 
-def check_rollouts(records: list[dict], group_size: int, docs_dir: str | Path | None = None,
-                   validator: Validator | None = None) -> SuiteOutcome:
+def check_rollouts(
+    records: list[dict], group_size: int, docs_dir: str | Path | None = None, validator: Validator | None = None
+) -> SuiteOutcome:
     validator = validator or Validator(docs_dir)
-    return validator.validate("rollouts", rollout_frame(records), {"max_rollout_index": group_size - 1},
-                              docs=docs_dir is not None)
+    return validator.validate(
+        "rollouts", rollout_frame(records), {"max_rollout_index": group_size - 1}, docs=docs_dir is not None
+    )
 
 
-def check_eval_table(table: list[dict], min_tasks: int, docs_dir: str | Path | None = None,
-                     validator: Validator | None = None) -> SuiteOutcome:
+def check_eval_table(
+    table: list[dict], min_tasks: int, docs_dir: str | Path | None = None, validator: Validator | None = None
+) -> SuiteOutcome:
     import pandas as pd
 
     columns = ("task_id", "family", "greedy_success", "sampled_success", "sampled_reward")

@@ -12,6 +12,7 @@ expectation's `meta.reason` is the short reason a quarantined row or a failed ba
 
 The context is ephemeral (nothing written besides the data docs); analytics and progress bars are off.
 """
+
 from __future__ import annotations
 
 import json
@@ -98,8 +99,12 @@ class SuiteOutcome:
             raise BatchValidationError(self.suite, failed)
 
     def to_dict(self) -> dict:
-        return {"suite": self.suite, "success": self.success, "rows": self.rows,
-                "expectations": [e.to_dict() for e in self.expectations]}
+        return {
+            "suite": self.suite,
+            "success": self.success,
+            "rows": self.rows,
+            "expectations": [e.to_dict() for e in self.expectations],
+        }
 
 
 class Validator:
@@ -109,19 +114,27 @@ class Validator:
         os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
         logging.getLogger("great_expectations").setLevel(logging.WARNING)  # its INFO lines are per-call noise
         import great_expectations as gx
-        from great_expectations.data_context.types.base import (DataContextConfig, InMemoryStoreBackendDefaults,
-                                                                ProgressBarsConfig)
+        from great_expectations.data_context.types.base import (
+            DataContextConfig,
+            InMemoryStoreBackendDefaults,
+            ProgressBarsConfig,
+        )
 
         self._gx = gx
         self.docs_dir = Path(docs_dir) if docs_dir else None
         sites = {}
         if self.docs_dir:
-            sites[DOCS_SITE] = {"class_name": "SiteBuilder",
-                                "store_backend": {"class_name": "TupleFilesystemStoreBackend",
-                                                  "base_directory": str(self.docs_dir)},
-                                "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"}}
-        config = DataContextConfig(store_backend_defaults=InMemoryStoreBackendDefaults(), analytics_enabled=False,
-                                   progress_bars=ProgressBarsConfig(globally=False), data_docs_sites=sites)
+            sites[DOCS_SITE] = {
+                "class_name": "SiteBuilder",
+                "store_backend": {"class_name": "TupleFilesystemStoreBackend", "base_directory": str(self.docs_dir)},
+                "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"},
+            }
+        config = DataContextConfig(
+            store_backend_defaults=InMemoryStoreBackendDefaults(),
+            analytics_enabled=False,
+            progress_bars=ProgressBarsConfig(globally=False),
+            data_docs_sites=sites,
+        )
         self.context = gx.get_context(mode="ephemeral", project_config=config)
         self._source = self.context.data_sources.add_pandas("evergreen")
         self._definitions: dict[str, Any] = {}
@@ -131,15 +144,23 @@ class Validator:
         if suite_name not in self._definitions:
             gx = self._gx
             spec = load_suite_spec(suite_name)
-            suite = self.context.suites.add(gx.ExpectationSuite(name=spec["name"], expectations=spec["expectations"],
-                                                                meta=spec.get("meta", {})))
+            suite = self.context.suites.add(
+                gx.ExpectationSuite(name=spec["name"], expectations=spec["expectations"], meta=spec.get("meta", {}))
+            )
             batch = self._source.add_dataframe_asset(suite_name).add_batch_definition_whole_dataframe("batch")
-            vd = self.context.validation_definitions.add(gx.ValidationDefinition(name=suite_name, data=batch, suite=suite))
+            vd = self.context.validation_definitions.add(
+                gx.ValidationDefinition(name=suite_name, data=batch, suite=suite)
+            )
             self._definitions[suite_name] = vd
             if self.docs_dir:
-                self._checkpoints[suite_name] = self.context.checkpoints.add(gx.Checkpoint(
-                    name=suite_name, validation_definitions=[vd], result_format={"result_format": "COMPLETE"},
-                    actions=[gx.checkpoint.UpdateDataDocsAction(name="data_docs", site_names=[DOCS_SITE])]))
+                self._checkpoints[suite_name] = self.context.checkpoints.add(
+                    gx.Checkpoint(
+                        name=suite_name,
+                        validation_definitions=[vd],
+                        result_format={"result_format": "COMPLETE"},
+                        actions=[gx.checkpoint.UpdateDataDocsAction(name="data_docs", site_names=[DOCS_SITE])],
+                    )
+                )
         return self._definitions[suite_name]
 
     def validate(self, suite_name: str, frame, params: dict | None = None, docs: bool = False) -> SuiteOutcome:
@@ -147,22 +168,36 @@ class Validator:
         params = dict(params or {})
         vd = self._definition(suite_name)
         if docs and self.docs_dir:
-            run = self._checkpoints[suite_name].run(batch_parameters={"dataframe": frame}, expectation_parameters=params)
+            run = self._checkpoints[suite_name].run(
+                batch_parameters={"dataframe": frame}, expectation_parameters=params
+            )
             result = next(iter(run.run_results.values()))
         else:
-            result = vd.run(batch_parameters={"dataframe": frame}, expectation_parameters=params,
-                            result_format={"result_format": "COMPLETE"})
+            result = vd.run(
+                batch_parameters={"dataframe": frame},
+                expectation_parameters=params,
+                result_format={"result_format": "COMPLETE"},
+            )
         outcomes = []
         for r in result.results:
             cfg = r.expectation_config
             res = r.result or {}
             index = res.get("unexpected_index_list") or []
             observed = _observed(res) if not r.success else res.get("observed_value")
-            outcomes.append(ExpectationOutcome(
-                expectation=cfg.type, column=cfg.kwargs.get("column") or _pair(cfg.kwargs), reason=(cfg.meta or {}).get("reason", cfg.type),
-                success=bool(r.success), threshold=_threshold(cfg.kwargs, params), observed=_plain(observed),
-                unexpected_count=int(res.get("unexpected_count") or 0),
-                unexpected_index=[int(i) if not isinstance(i, dict) else int(next(iter(i.values()))) for i in index]))
+            outcomes.append(
+                ExpectationOutcome(
+                    expectation=cfg.type,
+                    column=cfg.kwargs.get("column") or _pair(cfg.kwargs),
+                    reason=(cfg.meta or {}).get("reason", cfg.type),
+                    success=bool(r.success),
+                    threshold=_threshold(cfg.kwargs, params),
+                    observed=_plain(observed),
+                    unexpected_count=int(res.get("unexpected_count") or 0),
+                    unexpected_index=[
+                        int(i) if not isinstance(i, dict) else int(next(iter(i.values()))) for i in index
+                    ],
+                )
+            )
         return SuiteOutcome(suite_name, bool(result.success), len(frame), outcomes)
 
     def docs_index(self) -> Path | None:

@@ -13,6 +13,7 @@ demonstrations for the SFT bootstrap.
 The core never names an environment: desk, the embedded default, is found like any team's (its entry
 point is in pyproject.toml; tests/unit/envs/test_plugins.py greps the core for the name).
 """
+
 from __future__ import annotations
 
 import importlib
@@ -80,14 +81,17 @@ def get_env(name: str) -> Environment:
         return load_spec(path if path.is_absolute() else PYPROJECT.parent / path)
     target = name if ":" in name else _registered().get(name)
     if target is None:
-        raise KeyError(f"env.name={name!r}: no environment of that name; registered ({GROUP}): "
-                       f"{sorted(_registered())}; or give package.module:factory")
+        raise KeyError(
+            f"env.name={name!r}: no environment of that name; registered ({GROUP}): "
+            f"{sorted(_registered())}; or give package.module:factory"
+        )
     module_name, _, attr = target.partition(":")
     try:
         factory = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as e:
-        raise ImportError(f"env.name={name!r}: cannot load {target} ({type(e).__name__}: {e}); fix the "
-                          f"module or the entry point") from None
+        raise ImportError(
+            f"env.name={name!r}: cannot load {target} ({type(e).__name__}: {e}); fix the module or the entry point"
+        ) from None
     env = factory() if callable(factory) and not isinstance(factory, Environment) else factory
     if not isinstance(env, Environment):
         raise TypeError(f"env.name={name!r}: {target} gave {type(env).__name__}, not tasks.envs.Environment")

@@ -15,6 +15,7 @@ backend's own event loop thread.
 The MCP backend (tasks/envs/mcp_backend.py) and the resources-server backend (tasks/envs/http_backend.py)
 implement the same protocol.
 """
+
 from __future__ import annotations
 
 import asyncio

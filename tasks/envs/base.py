@@ -24,6 +24,7 @@ answer from memory after a failed call (the table behind a tool changes in produ
 nor to echo a guessed answer through a tool (x + 0, x * 1, a km -> km conversion, another city's
 matching value): those return the right value without solving anything.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -106,7 +107,7 @@ SPLITS = (("eval", 0.25), ("dev", 0.15), ("train", 0.60))  # task content kept a
 def hash_split(key: str, shares: tuple[tuple[str, float], ...] = SPLITS) -> str:
     """The split `key` falls in: its sha256 (not hash(): that is salted per process) read as a fraction of
     [0, 1), cut by the (name, share) pairs in order. The same key lands in the same split on every machine."""
-    u, edge = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") / 2 ** 64, 0.0
+    u, edge = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") / 2**64, 0.0
     for name, share in shares:
         edge += share
         if u < edge:
@@ -182,7 +183,7 @@ class Episode:
         start = len(self.loss_mask)
         self.add_completion(self.chat.turn_ids(self.messages, self.tools, message))
         if not trained:
-            self.loss_mask[start:start + self.turn_length] = [0] * self.turn_length
+            self.loss_mask[start : start + self.turn_length] = [0] * self.turn_length
 
     def add_completion(self, completion_ids: list[int], logprobs: list[float] | None = None) -> None:
         if self.done:
@@ -240,11 +241,19 @@ class Episode:
         self.n_well_formed_turns += well_formed
         if well_formed:
             ids = [f"call_{first_call + k}" for k in range(len(results))]
-            self.messages.append({"role": "assistant", "content": turn.content, "tool_calls": [
-                {"id": i, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-                for i, (c, _) in zip(ids, results)]})
-            answers = [{"role": "tool", "tool_call_id": i, "name": c.name, "content": r}
-                       for i, (c, r) in zip(ids, results)]
+            self.messages.append(
+                {
+                    "role": "assistant",
+                    "content": turn.content,
+                    "tool_calls": [
+                        {"id": i, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                        for i, (c, _) in zip(ids, results)
+                    ],
+                }
+            )
+            answers = [
+                {"role": "tool", "tool_call_id": i, "name": c.name, "content": r} for i, (c, r) in zip(ids, results)
+            ]
         else:  # the calls could not be read: the raw text, and one error the policy can act on
             self.messages.append({"role": "assistant", "content": text})
             answers = [{"role": "tool", "content": "\n".join(r for _, r in results)}]
@@ -252,8 +261,12 @@ class Episode:
         ids, matched = self.chat.extend(self.token_ids, self.messages, self.tools, new=len(answers))
         if not matched:
             self.template_mismatches += 1
-            log.debug("episode %s turn %d: the template renders the policy's call differently from the ids it "
-                      "generated; training keeps the generated ids", self.task.task_id, self.turns)
+            log.debug(
+                "episode %s turn %d: the template renders the policy's call differently from the ids it "
+                "generated; training keeps the generated ids",
+                self.task.task_id,
+                self.turns,
+            )
         self._append_ids(ids)
 
     def _call(self, name: str, arguments: dict) -> ToolResult:
@@ -290,14 +303,19 @@ class GroundedVerifier:
     def __call__(self, episode: "Episode") -> dict[str, Any]:
         ep = episode
         verdict = grounded_score(
-            ep.answer, ep.task.expected, any(self._grounds(ep, *call) for call in ep.answered),
+            ep.answer,
+            ep.task.expected,
+            any(self._grounds(ep, *call) for call in ep.answered),
             fmt=ep.n_well_formed_turns / ep.turns if ep.turns else 0.0,
-            validity=ep.n_valid_calls / ep.n_calls if ep.n_calls else 0.0, unanswered=ep.end_reason)
+            validity=ep.n_valid_calls / ep.n_calls if ep.n_calls else 0.0,
+            unanswered=ep.end_reason,
+        )
         return {**verdict, "turns": ep.turns, "tool_calls": ep.n_calls, "tool_errors": ep.n_tool_errors}
 
 
-def grounded_score(answer: str | None, expected: str | None, grounded: bool, fmt: float, validity: float,
-                   unanswered: str) -> dict[str, Any]:
+def grounded_score(
+    answer: str | None, expected: str | None, grounded: bool, fmt: float, validity: float, unanswered: str
+) -> dict[str, Any]:
     """The grounded reward and its reason, from what a verifier saw: the final answer, the expected value,
     whether a successful solving call returned it, and the format and call-validity shares. `unanswered`
     is the reason when there is no answer. The episode's verifier and the resources server's /verify
@@ -309,8 +327,10 @@ def grounded_score(answer: str | None, expected: str | None, grounded: bool, fmt
     if correct:
         reason = "correct"
     elif matches:
-        reason = ("right value, but no successful call that solves the task returned it "
-                  "(answered from memory, or echoed through a tool)")
+        reason = (
+            "right value, but no successful call that solves the task returned it "
+            "(answered from memory, or echoed through a tool)"
+        )
     elif answer is None:
         reason = unanswered
     else:

@@ -13,6 +13,7 @@ only, lowercase keys. The schema does not say so; the error messages do. A champ
 formats from v1 traffic therefore loses about half its v2 successes, and RL can win them back by trial
 and error while v1 (which accepts both) is unharmed.
 """
+
 from __future__ import annotations
 
 import math
@@ -25,21 +26,38 @@ from tasks.envs.base import SPLITS, GroundedVerifier, Task, ToolError, hash_spli
 from tasks.envs.toolset import load_toolset
 
 FAMILIES = ("calc", "convert", "lookup")
-OPS = {"add": ("+", "plus", lambda a, b: a + b), "sub": ("-", "minus", lambda a, b: a - b),
-       "mul": ("*", "times", lambda a, b: a * b)}
+OPS = {
+    "add": ("+", "plus", lambda a, b: a + b),
+    "sub": ("-", "minus", lambda a, b: a - b),
+    "mul": ("*", "times", lambda a, b: a * b),
+}
 COMMUTATIVE = ("add", "mul")
 UNITS = {  # symbol: (name, dimension, factor to the dimension's base unit)
-    "km": ("kilometers", "length", 1000), "m": ("meters", "length", 1), "cm": ("centimeters", "length", 0.01),
-    "kg": ("kilograms", "mass", 1000), "g": ("grams", "mass", 1),
-    "h": ("hours", "time", 3600), "min": ("minutes", "time", 60), "s": ("seconds", "time", 1),
-    "l": ("liters", "volume", 1000), "ml": ("milliliters", "volume", 1),
+    "km": ("kilometers", "length", 1000),
+    "m": ("meters", "length", 1),
+    "cm": ("centimeters", "length", 0.01),
+    "kg": ("kilograms", "mass", 1000),
+    "g": ("grams", "mass", 1),
+    "h": ("hours", "time", 3600),
+    "min": ("minutes", "time", 60),
+    "s": ("seconds", "time", 1),
+    "l": ("liters", "volume", 1000),
+    "ml": ("milliliters", "volume", 1),
 }
 CONVERSIONS = [("km", "m"), ("m", "cm"), ("kg", "g"), ("h", "min"), ("min", "s"), ("l", "ml"), ("h", "s"), ("km", "cm")]
 CITIES = {
-    "oslo": (709037, "Norway", 23), "lima": (10092000, "Peru", 154), "rome": (2761632, "Italy", 21),
-    "cairo": (10107125, "Egypt", 23), "quito": (2800388, "Ecuador", 2850), "perth": (2192229, "Australia", 31),
-    "dakar": (1438725, "Senegal", 22), "hanoi": (8053663, "Vietnam", 19), "bern": (134794, "Switzerland", 540),
-    "lagos": (15388000, "Nigeria", 41), "kyoto": (1463723, "Japan", 50), "denver": (715522, "USA", 1609),
+    "oslo": (709037, "Norway", 23),
+    "lima": (10092000, "Peru", 154),
+    "rome": (2761632, "Italy", 21),
+    "cairo": (10107125, "Egypt", 23),
+    "quito": (2800388, "Ecuador", 2850),
+    "perth": (2192229, "Australia", 31),
+    "dakar": (1438725, "Senegal", 22),
+    "hanoi": (8053663, "Vietnam", 19),
+    "bern": (134794, "Switzerland", 540),
+    "lagos": (15388000, "Nigeria", 41),
+    "kyoto": (1463723, "Japan", 50),
+    "denver": (715522, "USA", 1609),
 }
 FIELDS = ("population", "country", "elevation")
 STRICT_FROM_VERSION = 2
@@ -50,13 +68,77 @@ STRICT_FROM_VERSION = 2
 SPLIT_SALT = 173
 TOOLSET_DIR = Path(__file__).resolve().parents[2] / "include" / "tools"  # the shipped toolsets, registry_v{N}.json
 
-_NAME_WORDS = ["get", "run", "do", "calc", "compute", "convert", "lookup", "find", "query", "tool", "fn", "api",
-               "read", "eval", "math", "unit", "city", "data", "fetch", "apply", "info", "table", "op", "util"]
-_ARG_WORDS = ["a", "b", "x", "y", "n", "m", "lhs", "rhs", "left", "right", "first", "second", "value", "qty",
-              "amount", "num", "src", "dst", "source", "target", "from_u", "to_u", "unit", "key", "name", "city",
-              "field", "attr", "kind", "what", "op", "mode", "action", "item", "id", "p", "q", "arg"]
-_DESCRIPTIONS = {"calc": ["Arithmetic", "Math", "Calculator"], "convert": ["Unit conversion", "Units", "Convert units"],
-                 "lookup": ["City facts", "City lookup", "City table"]}
+_NAME_WORDS = [
+    "get",
+    "run",
+    "do",
+    "calc",
+    "compute",
+    "convert",
+    "lookup",
+    "find",
+    "query",
+    "tool",
+    "fn",
+    "api",
+    "read",
+    "eval",
+    "math",
+    "unit",
+    "city",
+    "data",
+    "fetch",
+    "apply",
+    "info",
+    "table",
+    "op",
+    "util",
+]
+_ARG_WORDS = [
+    "a",
+    "b",
+    "x",
+    "y",
+    "n",
+    "m",
+    "lhs",
+    "rhs",
+    "left",
+    "right",
+    "first",
+    "second",
+    "value",
+    "qty",
+    "amount",
+    "num",
+    "src",
+    "dst",
+    "source",
+    "target",
+    "from_u",
+    "to_u",
+    "unit",
+    "key",
+    "name",
+    "city",
+    "field",
+    "attr",
+    "kind",
+    "what",
+    "op",
+    "mode",
+    "action",
+    "item",
+    "id",
+    "p",
+    "q",
+    "arg",
+]
+_DESCRIPTIONS = {
+    "calc": ["Arithmetic", "Math", "Calculator"],
+    "convert": ["Unit conversion", "Units", "Convert units"],
+    "lookup": ["City facts", "City lookup", "City table"],
+}
 
 
 def _tool_bindings(tools: list[dict]) -> dict:
@@ -65,7 +147,9 @@ def _tool_bindings(tools: list[dict]) -> dict:
     for t in tools:
         handler = t.get("x-evergreen-handler")
         if handler not in FAMILIES:
-            raise ValueError(f"tool {t['function']['name']!r} has x-evergreen-handler={handler!r}; use one of {FAMILIES}")
+            raise ValueError(
+                f"tool {t['function']['name']!r} has x-evergreen-handler={handler!r}; use one of {FAMILIES}"
+            )
         out[t["function"]["name"]] = {"handler": handler, "args": list(t["function"]["parameters"]["properties"])}
     return out
 
@@ -125,15 +209,18 @@ class DeskService:
             x = math.inf
         if not math.isfinite(x):
             raise ToolError(f"'{str(v)[:20]}' is not a finite number")
-        return int(x) if x.is_integer() and abs(x) < 2 ** 53 else x
+        return int(x) if x.is_integer() and abs(x) < 2**53 else x
 
     def _op(self, op) -> str:
         op = str(op).strip()
         key = next((k for k, (sym, _, _) in OPS.items() if op == sym or (not self.strict and op.lower() == k)), None)
         if key is None:
             allowed = " ".join(s for s, _, _ in OPS.values())
-            raise ToolError(f"operator '{op}' is not supported; use one of {allowed}" if self.strict
-                            else f"op '{op}' is not supported; use add, sub or mul")
+            raise ToolError(
+                f"operator '{op}' is not supported; use one of {allowed}"
+                if self.strict
+                else f"op '{op}' is not supported; use add, sub or mul"
+            )
         return key
 
     def _unit(self, u: str) -> str:
@@ -143,8 +230,9 @@ class DeskService:
         by_name = {name: sym for sym, (name, _, _) in UNITS.items()}
         if not self.strict and u.lower() in by_name:
             return by_name[u.lower()]
-        raise ToolError(f"unknown unit '{u}'; units are symbols such as km, kg, min" if self.strict
-                        else f"unknown unit '{u}'")
+        raise ToolError(
+            f"unknown unit '{u}'; units are symbols such as km, kg, min" if self.strict else f"unknown unit '{u}'"
+        )
 
     def _city(self, city) -> str:
         key = str(city).strip()
@@ -179,8 +267,9 @@ class DeskService:
 
 
 def make_service(task: Task) -> DeskService:
-    return DeskService(task.data["bindings"], strict=task.data["strict"], family=task.family,
-                       solution=task.data.get("solution"))
+    return DeskService(
+        task.data["bindings"], strict=task.data["strict"], family=task.family, solution=task.data.get("solution")
+    )
 
 
 def open_session(task: Task) -> InProcessSession:
@@ -197,11 +286,13 @@ def environment():
     """The entry point (pyproject.toml, group evergreen.environments): desk as an Environment."""
     from tasks.envs import Environment
 
-    return Environment("desk", generate_tasks, open_session, verify, demonstration, TOOLSET_DIR,
-                       task_from_trace=task_from_trace)
+    return Environment(
+        "desk", generate_tasks, open_session, verify, demonstration, TOOLSET_DIR, task_from_trace=task_from_trace
+    )
 
 
 # ---------------------------------------------------------------- splits
+
 
 def content_key(family: str, values: list) -> tuple:
     """What a task asks, independent of wording and tools; a + b and b + a are one content."""
@@ -220,6 +311,7 @@ def task_content(task: Task) -> tuple:
 
 
 # ---------------------------------------------------------------- task generation
+
 
 def _question_and_values(family: str, rng: random.Random) -> tuple[str, dict]:
     """A question, its canonical argument values (in role order) and the expected answer."""
@@ -272,14 +364,28 @@ def _random_tools(rng: random.Random) -> list[dict]:
         else:
             types = ["string", "string"]
         props = {a: {"type": t} for a, t in zip(args, types)}
-        tools.append({"type": "function", "x-evergreen-handler": family, "function": {
-            "name": name, "description": rng.choice(_DESCRIPTIONS[family]) + ".",
-            "parameters": {"type": "object", "properties": props, "required": args}}})
+        tools.append(
+            {
+                "type": "function",
+                "x-evergreen-handler": family,
+                "function": {
+                    "name": name,
+                    "description": rng.choice(_DESCRIPTIONS[family]) + ".",
+                    "parameters": {"type": "object", "properties": props, "required": args},
+                },
+            }
+        )
     return tools
 
 
-def generate_tasks(n: int, seed: int, toolset: dict | None = None, families: tuple[str, ...] = FAMILIES,
-                   offer: str = "routed", split: str | None = None) -> list[Task]:
+def generate_tasks(
+    n: int,
+    seed: int,
+    toolset: dict | None = None,
+    families: tuple[str, ...] = FAMILIES,
+    offer: str = "routed",
+    split: str | None = None,
+) -> list[Task]:
     """`n` tasks, deterministic in `seed`. With `toolset` (load_toolset's) the tools are its; without, random.
 
     split ("train", "dev", "eval") redraws each task until its content is in that split; None draws any
@@ -305,13 +411,22 @@ def generate_tasks(n: int, seed: int, toolset: dict | None = None, families: tup
         if offer == "routed":
             tools = [t for t in tools if t.get("x-evergreen-handler") == family]
         strict = toolset is not None and int(toolset["version"]) >= STRICT_FROM_VERSION
-        out.append(Task(
-            task_id=f"desk-r{version}-s{seed}-{i}" if split is None else f"desk-r{version}-{split}-s{seed}-{i}",
-            env="desk", family=family, question=question, tools=tools,
-            expected=sol["expected"],
-            data={"strict": strict, "bindings": _tool_bindings(tools), "solution": sol["values"],
-                  "content": list(content_key(family, sol["values"]))},
-        ))
+        out.append(
+            Task(
+                task_id=f"desk-r{version}-s{seed}-{i}" if split is None else f"desk-r{version}-{split}-s{seed}-{i}",
+                env="desk",
+                family=family,
+                question=question,
+                tools=tools,
+                expected=sol["expected"],
+                data={
+                    "strict": strict,
+                    "bindings": _tool_bindings(tools),
+                    "solution": sol["values"],
+                    "content": list(content_key(family, sol["values"])),
+                },
+            )
+        )
     return out
 
 
@@ -341,11 +456,22 @@ def task_from_trace(trace: dict, toolset: dict) -> Task | None:
     version = str(toolset.get("version"))
     # a version that is no number (a served or hand-made toolset) is newer than the lenient v1: strict
     strict = not version.isdigit() or int(version) >= STRICT_FROM_VERSION
-    return Task(task_id=f"desk-prod-{trace_id}", env="desk", family=family, question=question.strip(),
-                tools=tools, expected=expected,
-                data={"strict": strict, "bindings": _tool_bindings(tools), "solution": values,
-                      "content": list(content_key(family, values)), "trace_id": trace_id,
-                      "held_out": split_of(family, values) != "train"})
+    return Task(
+        task_id=f"desk-prod-{trace_id}",
+        env="desk",
+        family=family,
+        question=question.strip(),
+        tools=tools,
+        expected=expected,
+        data={
+            "strict": strict,
+            "bindings": _tool_bindings(tools),
+            "solution": values,
+            "content": list(content_key(family, values)),
+            "trace_id": trace_id,
+            "held_out": split_of(family, values) != "train",
+        },
+    )
 
 
 def demonstration(task: Task, rng: random.Random) -> list[dict]:
@@ -369,8 +495,11 @@ def demonstration(task: Task, rng: random.Random) -> list[dict]:
         args[name] = str(v) if spec["type"] == "string" else v
     name = tool["function"]["name"]
     result = DeskService(task.data["bindings"], strict=False)(name, args)
-    call = {"role": "assistant", "content": "", "tool_calls": [
-        {"id": "call_1", "type": "function", "function": {"name": name, "arguments": args}}]}
+    call = {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": name, "arguments": args}}],
+    }
     return [call, {"role": "assistant", "content": result}]
 
 

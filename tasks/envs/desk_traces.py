@@ -13,6 +13,7 @@ lowercase city key, int where the number is whole), so desk.content_key treats a
 and a generated one alike. desk.task_from_trace builds the task from them; the answer is recomputed by
 DeskService, never read from the trace.
 """
+
 from __future__ import annotations
 
 import re

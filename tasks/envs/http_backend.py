@@ -26,6 +26,7 @@ Cookies: the pool is shared by every session, so it has no cookie jar (aiohttp.D
 session reads `evergreen_session` from its own seed response and sends it as an explicit Cookie header,
 so no session can ever send another's cookie.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -38,8 +39,16 @@ import orjson
 from tasks.envs.backends import FAULTS, ClosedOnExit, LoopThread, ToolResult
 
 COOKIE = "evergreen_session"
-_STATUS_FAULTS = {400: "refused", 404: "refused", 422: "refused", 410: "session_lost", 500: "tool_failed",
-                  502: "unreachable", 503: "unreachable", 504: "timeout"}
+_STATUS_FAULTS = {
+    400: "refused",
+    404: "refused",
+    422: "refused",
+    410: "session_lost",
+    500: "tool_failed",
+    502: "unreachable",
+    503: "unreachable",
+    504: "timeout",
+}
 
 
 def _error(fault: str, text: str) -> ToolResult:
@@ -64,13 +73,18 @@ class ResourcesServerBackend(ClosedOnExit):
         loop = asyncio.get_running_loop()
         client = self._clients.get(loop)
         if client is None or client.closed:
-            connector = aiohttp.TCPConnector(limit=self.max_connections, limit_per_host=0, keepalive_timeout=15,
-                                             ttl_dns_cache=300)
+            connector = aiohttp.TCPConnector(
+                limit=self.max_connections, limit_per_host=0, keepalive_timeout=15, ttl_dns_cache=300
+            )
             # `timeout` bounds connecting and the server's silence, not the wait for a free pooled
             # connection: with thousands of episodes in flight, queueing there is normal, not a fault
             timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.timeout, sock_read=self.timeout)
-            client = aiohttp.ClientSession(connector=connector, timeout=timeout,
-                                           cookie_jar=aiohttp.DummyCookieJar(), skip_auto_headers=("User-Agent",))
+            client = aiohttp.ClientSession(
+                connector=connector,
+                timeout=timeout,
+                cookie_jar=aiohttp.DummyCookieJar(),
+                skip_auto_headers=("User-Agent",),
+            )
             self._clients[loop] = client
         return client
 
@@ -81,8 +95,9 @@ class ResourcesServerBackend(ClosedOnExit):
                 self._thread = LoopThread("resources-server-backend")
         return self._thread.run(coro)  # bounded by aiohttp's own timeouts (connect, read)
 
-    async def request(self, method: str, path: str, payload: Any = None,
-                      session_id: str | None = None) -> tuple[int, Any, str | None] | ToolResult:
+    async def request(
+        self, method: str, path: str, payload: Any = None, session_id: str | None = None
+    ) -> tuple[int, Any, str | None] | ToolResult:
         """(status, parsed JSON body, the session cookie it set), or the error result for a transport
         failure or a body that is not JSON."""
         headers = {"Content-Type": "application/json"}
@@ -229,8 +244,10 @@ class ResourcesServerSession(ClosedOnExit):
             status, body, _ = got
             if status == 200 and isinstance(body, dict) and "reward" in body:
                 return body
-            got = _error(_STATUS_FAULTS.get(status, "bad_response") if status != 200 else "bad_response",
-                         f"verify: HTTP {status}: {str(body)[:300]}")
+            got = _error(
+                _STATUS_FAULTS.get(status, "bad_response") if status != 200 else "bad_response",
+                f"verify: HTTP {status}: {str(body)[:300]}",
+            )
         return {"reward": 0.0, "components": {}, "reason": got.text, "success": False, "fault": got.fault}
 
     def verify(self, answer: str | None, **parts: float) -> dict:
@@ -240,4 +257,3 @@ class ResourcesServerSession(ClosedOnExit):
         # nothing to send and nothing to forget: the server's LRU/TTL drops idle sessions (a request per
         # episode saved), and an episode closes its session when it ends, before its score is asked for
         pass
-

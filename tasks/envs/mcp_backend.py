@@ -29,6 +29,7 @@ notifications before) and returns the change counter; `await wait_tools_changed(
 once `notifications/tools/list_changed` arrived after `since`; both from any event loop (an Airflow
 trigger's). A server without tools.listChanged raises ToolsChangedUnsupported: poll list_tools instead.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -90,8 +91,11 @@ class _Connection:
     def alive(self) -> bool:
         # 2.3.0 has no public liveness signal; the dispatcher marks itself closed at EOF (a stdio server
         # that exited), which lets a shared connection be reopened before a call rather than fail it.
-        return (self.client is not None and not self.ended.is_set()
-                and not getattr(self.client.session._dispatcher, "_closed", False))
+        return (
+            self.client is not None
+            and not self.ended.is_set()
+            and not getattr(self.client.session._dispatcher, "_closed", False)
+        )
 
     async def open(self, timeout: float) -> None:
         self.task = asyncio.create_task(self._own())
@@ -106,11 +110,17 @@ class _Connection:
 
     async def _own(self) -> None:
         b = self.backend
-        transport = streamable_http_client(b.url) if b.url else stdio_client(
-            StdioServerParameters(command=b.command[0], args=b.command[1:], env=b.env, cwd=b.cwd), errlog=b.errlog)
+        transport = (
+            streamable_http_client(b.url)
+            if b.url
+            else stdio_client(
+                StdioServerParameters(command=b.command[0], args=b.command[1:], env=b.env, cwd=b.cwd), errlog=b.errlog
+            )
+        )
         try:
-            async with Client(transport, mode=b.mode, cache=None, read_timeout_seconds=b.timeout,
-                              message_handler=self._on_message) as client:
+            async with Client(
+                transport, mode=b.mode, cache=None, read_timeout_seconds=b.timeout, message_handler=self._on_message
+            ) as client:
                 self.client = client
                 self.ready.set()
                 await self.closing.wait()
@@ -136,9 +146,18 @@ class _Connection:
 
 
 class MCPBackend(ClosedOnExit):
-    def __init__(self, server: str | list[str], *, timeout: float = 10.0, connect_timeout: float = 15.0,
-                 stateless: bool | None = None, mode: str = "auto", env: dict[str, str] | None = None,
-                 cwd: str | None = None, errlog=None):
+    def __init__(
+        self,
+        server: str | list[str],
+        *,
+        timeout: float = 10.0,
+        connect_timeout: float = 15.0,
+        stateless: bool | None = None,
+        mode: str = "auto",
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+        errlog=None,
+    ):
         """`server`: a streamable-HTTP URL, or a command (argv list) to run as a stdio server; `mode`: the
         SDK's era negotiation ("legacy" forces the initialize handshake); `env` is added to the SDK's
         minimal child environment (HOME, PATH, ...); `errlog`: the server's stderr."""
@@ -258,7 +277,8 @@ class MCPBackend(ClosedOnExit):
         timed_out = _error("timeout", f"the tool server did not answer within {self.timeout:g} s")
         try:  # the SDK's own timeout answers first; wait_for only bounds what it does not cover
             result = await asyncio.wait_for(
-                conn.client.call_tool(name, arguments, read_timeout_seconds=self.timeout), self.timeout + 2)
+                conn.client.call_tool(name, arguments, read_timeout_seconds=self.timeout), self.timeout + 2
+            )
         except TimeoutError:
             return timed_out
         except MCPError as e:
@@ -303,10 +323,12 @@ class MCPBackend(ClosedOnExit):
                 conn = await self._control()
                 caps = conn.client.server_capabilities.tools
                 if not (caps and caps.list_changed):
-                    raise ToolsChangedUnsupported(f"{self.url or self.command[0]} does not announce tool "
-                                                  f"changes; poll list_tools")
-                async with (conn.client.listen(tools_list_changed=True) if conn.modern
-                            else contextlib.nullcontext()) as subscription:
+                    raise ToolsChangedUnsupported(
+                        f"{self.url or self.command[0]} does not announce tool changes; poll list_tools"
+                    )
+                async with (
+                    conn.client.listen(tools_list_changed=True) if conn.modern else contextlib.nullcontext()
+                ) as subscription:
                     if subscribed:
                         self._bump()  # changes while unsubscribed are unknown: report one, callers refetch
                     subscribed = True
@@ -320,8 +342,11 @@ class MCPBackend(ClosedOnExit):
             except Exception as e:
                 if not subscribed or isinstance(e, ToolsChangedUnsupported):  # a later watch_tools retries
                     if not ready.done():
-                        ready.set_exception(e if isinstance(e, ToolsChangedUnsupported)
-                                            else ConnectionError(f"cannot watch tools: {_describe(e)}"))
+                        ready.set_exception(
+                            e
+                            if isinstance(e, ToolsChangedUnsupported)
+                            else ConnectionError(f"cannot watch tools: {_describe(e)}")
+                        )
                     return
             await asyncio.sleep(RETRY_CONNECT_S)
 
@@ -390,8 +415,10 @@ class MCPSession(ClosedOnExit):
 
 
 def _openai_tool(tool: types.Tool) -> dict:
-    out = {"type": "function", "function": {"name": tool.name, "description": tool.description or "",
-                                            "parameters": tool.input_schema}}
+    out = {
+        "type": "function",
+        "function": {"name": tool.name, "description": tool.description or "", "parameters": tool.input_schema},
+    }
     if (handler := (tool.meta or {}).get(HANDLER_META)) is not None:
         out["x-evergreen-handler"] = handler
     return out

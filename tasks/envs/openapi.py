@@ -5,6 +5,7 @@ path, query and header parameters plus the properties of the application/json re
 `$ref`s resolved, `allOf` merged). The body's `required` list is taken as it stands even when the body
 itself is optional; cookie parameters and non-JSON bodies are left out.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -24,8 +25,10 @@ def toolset_from_openapi(doc: dict, label: str) -> dict:
             if isinstance(op, dict) and op.get("operationId"):
                 tools.append(_operation_tool(op, item.get("parameters", []), doc, label))
     if not tools:
-        raise ValueError(f"registry {label}: the OpenAPI document has no operations with an operationId; "
-                         f"each operation to offer as a tool needs one")
+        raise ValueError(
+            f"registry {label}: the OpenAPI document has no operations with an operationId; "
+            f"each operation to offer as a tool needs one"
+        )
     return {"version": (doc.get("info") or {}).get("version"), "tools": tools}
 
 
@@ -50,17 +53,24 @@ def _operation_tool(op: dict, path_params: list, doc: dict, label: str) -> dict:
         if "properties" in schema:
             for key, sub in schema["properties"].items():
                 if key in properties:
-                    raise ValueError(f"registry {label}: operation {name!r}: request body property {key!r} "
-                                     f"clashes with a parameter of the same name; rename one of them")
+                    raise ValueError(
+                        f"registry {label}: operation {name!r}: request body property {key!r} "
+                        f"clashes with a parameter of the same name; rename one of them"
+                    )
                 properties[key] = sub
             required += [r for r in schema.get("required", []) if r not in required]
         else:  # a non-object body (array, string): offer it whole
             properties["body"] = schema
             if body.get("required"):
                 required.append("body")
-    return {"type": "function", "function": {
-        "name": name, "description": op.get("summary") or op.get("description") or "",
-        "parameters": {"type": "object", "properties": properties, "required": required}}}
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": op.get("summary") or op.get("description") or "",
+            "parameters": {"type": "object", "properties": properties, "required": required},
+        },
+    }
 
 
 def _json_body_schema(content: dict) -> dict | None:
@@ -84,7 +94,9 @@ def _merge_all_of(schema: dict) -> dict:
         if "type" not in out and sub.get("type"):
             out["type"] = sub["type"]
         out.setdefault("properties", {}).update(sub.get("properties", {}))
-        out["required"] = out.get("required", []) + [r for r in sub.get("required", []) if r not in out.get("required", [])]
+        out["required"] = out.get("required", []) + [
+            r for r in sub.get("required", []) if r not in out.get("required", [])
+        ]
     return out
 
 
@@ -107,8 +119,10 @@ def _resolve(node: Any, doc: dict, label: str, stack: tuple[str, ...] = ()) -> A
 
 def _pointer(doc: dict, ref: str, label: str) -> Any:
     if not ref.startswith("#/"):
-        raise ValueError(f"registry {label}: $ref {ref!r} points outside the document; "
-                         f"bundle the OpenAPI document into one file first")
+        raise ValueError(
+            f"registry {label}: $ref {ref!r} points outside the document; "
+            f"bundle the OpenAPI document into one file first"
+        )
     node: Any = doc
     for part in ref[2:].split("/"):
         part = part.replace("~1", "/").replace("~0", "~")

@@ -17,6 +17,7 @@ base's own choice: desk's random schemas for the bootstrap) keep the base's own 
 opened once per process at the first episode and closed at exit. Tasks from a file are split by a hash
 of their task_id (tasks.envs.base.hash_split, the shares of base.SPLITS), so no eval task is trained on.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -101,11 +102,21 @@ def load_spec(path: str | Path):
 
     def task_from_trace(trace, toolset):
         task = base.task_from_trace(trace, toolset)
-        return None if task is None else replace(task, env=reference, data={**task.data, "toolset": toolset.get("version")})
+        return (
+            None
+            if task is None
+            else replace(task, env=reference, data={**task.data, "toolset": toolset.get("version")})
+        )
 
-    return Environment(reference, generate_tasks, open_session, verify,
-                       base.demonstration if base else None, base.toolset_dir if base else None,
-                       task_from_trace if base is not None and base.task_from_trace else None)
+    return Environment(
+        reference,
+        generate_tasks,
+        open_session,
+        verify,
+        base.demonstration if base else None,
+        base.toolset_dir if base else None,
+        task_from_trace if base is not None and base.task_from_trace else None,
+    )
 
 
 def _function(ref: str, path: Path):

@@ -22,6 +22,7 @@ File names on disk are kept from before the rename, because existing data depend
 versions are `registry_v{N}.json`, and a model's toolset is saved beside its weights as
 `tool_registry.json`.
 """
+
 from __future__ import annotations
 
 import json
@@ -52,17 +53,21 @@ def load_toolset(source: str | Path | dict | list, env: str | None = None) -> di
     if storage.is_s3(label) or storage.is_http(label) or Path(label).is_file():
         return _as_toolset(_parse(storage.read_bytes(label), label), label)
     if Path(label).is_dir():
-        raise IsADirectoryError(f"registry {label}: is a directory; pass the registry file, "
-                                f"or use toolset_of_model() for a model directory")
+        raise IsADirectoryError(
+            f"registry {label}: is a directory; pass the registry file, or use toolset_of_model() for a model directory"
+        )
     if not PurePosixPath(label).suffix and "/" not in label:
         version = shipped_version(label) or label
         path = shipped_toolset_path(version, env)
         if not path.is_file():
-            raise FileNotFoundError(f"tool registry {path} not found: pass a registry JSON file or a shipped "
-                                    f"version (1, 2)")
+            raise FileNotFoundError(
+                f"tool registry {path} not found: pass a registry JSON file or a shipped version (1, 2)"
+            )
         return _as_toolset(_parse(path.read_bytes(), str(path)), f"shipped registry v{version}")
-    raise FileNotFoundError(f"registry {label}: no such file; pass a JSON/YAML file, an s3:// URI, "
-                            f"an OpenAPI document or a shipped version (1, 2)")
+    raise FileNotFoundError(
+        f"registry {label}: no such file; pass a JSON/YAML file, an s3:// URI, "
+        f"an OpenAPI document or a shipped version (1, 2)"
+    )
 
 
 def toolset_label(source, env: str | None = None) -> str:
@@ -75,7 +80,7 @@ def toolset_label(source, env: str | None = None) -> str:
 
 
 def shipped_version(source) -> str | None:
-    """"2" for a shipped version written "2", "v2" or "V2"; None for any other source (a file, URL, server)."""
+    """ "2" for a shipped version written "2", "v2" or "V2"; None for any other source (a file, URL, server)."""
     text = str(source)
     bare = text[1:] if text[:1] in "vV" else text
     return bare if bare.isdigit() else None
@@ -95,7 +100,7 @@ def mcp_toolset(source: str) -> dict:
 
     from tasks.envs.mcp_backend import MCPBackend
 
-    target = source[len(MCP_PREFIX):].strip()
+    target = source[len(MCP_PREFIX) :].strip()
     if not target:
         raise ValueError(f"{source!r}: give a URL (mcp:http://127.0.0.1:8765/mcp) or a command after 'mcp:'")
     server = target if target.startswith(("http://", "https://")) else shlex.split(target)
@@ -113,8 +118,10 @@ def shipped_toolset_path(version: str, env: str | None = None) -> Path:
 
     environment = get_env(env or EnvSettings.model_fields["name"].default)
     if environment.toolset_dir is None:
-        raise FileNotFoundError(f"environment {environment.name!r} ships no toolset versions: pass a toolset "
-                                f"file, URL or document instead of {version!r}")
+        raise FileNotFoundError(
+            f"environment {environment.name!r} ships no toolset versions: pass a toolset "
+            f"file, URL or document instead of {version!r}"
+        )
     return environment.toolset_dir / SHIPPED_FILENAME.format(version=version)
 
 
@@ -131,9 +138,11 @@ def toolset_of_model(model_dir: str | Path) -> dict:
 
 
 def _missing_model_toolset(uri: str) -> str:
-    return (f"{uri} not found: the tool registry a model was trained on must be saved beside its weights "
-            f"as {TOOLSET_FILENAME}; copy the training registry there when the model is saved, "
-            f"or pass the registry to diff_toolsets() explicitly")
+    return (
+        f"{uri} not found: the tool registry a model was trained on must be saved beside its weights "
+        f"as {TOOLSET_FILENAME}; copy the training registry there when the model is saved, "
+        f"or pass the registry to diff_toolsets() explicitly"
+    )
 
 
 def _parse(data: bytes, label: str) -> Any:
@@ -179,8 +188,10 @@ def _as_toolset(doc: Any, label: str) -> dict:
     for i, tool in enumerate(tools):
         name = check_tool(tool, f"registry {label}: tools[{i}]")
         if name in seen:
-            raise ValueError(f"registry {label}: tool name {name!r} appears twice (tools[{seen[name]}] and "
-                             f"tools[{i}]); tool names must be unique")
+            raise ValueError(
+                f"registry {label}: tool name {name!r} appears twice (tools[{seen[name]}] and "
+                f"tools[{i}]); tool names must be unique"
+            )
         seen[name] = i
     return doc
 
@@ -190,12 +201,16 @@ def check_tool(tool: Any, where: str) -> str:
     `parameters` is not an object. Accepts OpenAI `{"type": "function", "function": {...}}` or flat tools."""
     fn = tool.get("function", tool) if isinstance(tool, dict) else None
     if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
-        raise ValueError(f"{where} has no function name; expected "
-                         f"{{'type': 'function', 'function': {{'name': ..., 'parameters': {{...}}}}}}")
+        raise ValueError(
+            f"{where} has no function name; expected "
+            f"{{'type': 'function', 'function': {{'name': ..., 'parameters': {{...}}}}}}"
+        )
     if not isinstance(fn.get("parameters", {}), dict):
         raise ValueError(f"{where} ({fn['name']!r}): 'parameters' must be a JSON schema object")
     if fn.get("description") is not None and not isinstance(fn["description"], str):  # found by a hypothesis test
-        raise ValueError(f"{where} ({fn['name']!r}): 'description' must be text, not {type(fn['description']).__name__}")
+        raise ValueError(
+            f"{where} ({fn['name']!r}): 'description' must be text, not {type(fn['description']).__name__}"
+        )
     import jsonschema_rs
 
     try:  # a tool server may list anything: a schema the episode's argument check cannot apply is refused here
@@ -210,9 +225,12 @@ def _unique_required(schema):
     """The schema with each `required` list deduplicated: a repeated name is sloppy, not ambiguous, and the
     normalised tool (tasks.signals.toolset_hash) drops the repeat anyway."""
     if isinstance(schema, dict):
-        return {k: list(dict.fromkeys(v)) if k == "required" and isinstance(v, list) and all(isinstance(x, str) for x in v)
-                else _unique_required(v)
-                for k, v in schema.items()}
+        return {
+            k: list(dict.fromkeys(v))
+            if k == "required" and isinstance(v, list) and all(isinstance(x, str) for x in v)
+            else _unique_required(v)
+            for k, v in schema.items()
+        }
     if isinstance(schema, list):
         return [_unique_required(v) for v in schema]
     return schema

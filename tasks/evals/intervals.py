@@ -3,6 +3,7 @@
 Pure numpy; deterministic in `seed`. The paired version resamples *tasks*, keeping each task's two
 scores together, which is what makes a small true difference on the same tasks detectable.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -32,5 +33,11 @@ def paired_bootstrap(a, b, resamples: int = 2000, confidence: float = 0.95, seed
         raise ValueError(f"paired_bootstrap needs two equal, non-empty samples; got {a.shape} and {b.shape}")
     d = a - b
     lo, hi = _percentile_ci(d, resamples, confidence, seed)
-    return {"mean": float(d.mean()), "low": lo, "high": hi, "n": int(d.size), "confidence": confidence,
-            "excludes_zero": bool(lo > 0 or hi < 0)}
+    return {
+        "mean": float(d.mean()),
+        "low": lo,
+        "high": hi,
+        "n": int(d.size),
+        "confidence": confidence,
+        "excludes_zero": bool(lo > 0 or hi < 0),
+    }

@@ -13,6 +13,7 @@ Both take and return token ids: prompts are ids from the model's chat template a
 ids, never decoded and re-encoded between turns (tasks/policy/chat.py). The engine loads the model's
 own tokenizer only to know its stop tokens.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -55,14 +56,21 @@ class HFBackend:
         ids = torch.full((len(prompts), width), chat.pad_id, dtype=torch.long)
         attn = torch.zeros_like(ids)
         for i, p in enumerate(prompts):
-            ids[i, width - len(p):] = torch.tensor(p)
-            attn[i, width - len(p):] = 1
+            ids[i, width - len(p) :] = torch.tensor(p)
+            attn[i, width - len(p) :] = 1
         greedy = sampling.temperature == 0
         torch.manual_seed(gen_seed)
         out = self.model.generate(
-            input_ids=ids, attention_mask=attn, max_new_tokens=max(max_tokens), do_sample=not greedy,
-            temperature=None if greedy else sampling.temperature, top_k=None, top_p=None,
-            eos_token_id=sorted(chat.stop_ids), pad_token_id=chat.pad_id, output_scores=True,
+            input_ids=ids,
+            attention_mask=attn,
+            max_new_tokens=max(max_tokens),
+            do_sample=not greedy,
+            temperature=None if greedy else sampling.temperature,
+            top_k=None,
+            top_p=None,
+            eos_token_id=sorted(chat.stop_ids),
+            pad_token_id=chat.pad_id,
+            output_scores=True,
             return_dict_in_generate=True,
         )
         new = out.sequences[:, width:]
@@ -79,14 +87,23 @@ class HFBackend:
             results.append((toks, lps))
         return results
 
-    def run_episodes(self, episodes: list[Episode], sampling: Sampling, on_done: Callable | None = None,
-                     episode_ids: list[int] | None = None) -> dict:
+    def run_episodes(
+        self,
+        episodes: list[Episode],
+        sampling: Sampling,
+        on_done: Callable | None = None,
+        episode_ids: list[int] | None = None,
+    ) -> dict:
         """`episode_ids` is accepted for the common interface; `generate` cannot seed rows one by one,
         so HF runs are reproducible per whole batch (one seed per turn), not per episode."""
         turn, tokens = 0, 0
         while active := [e for e in episodes if not e.done]:
-            results = self.generate([e.prompt_ids() for e in active], [e.remaining_tokens() for e in active],
-                                    sampling, gen_seed=sampling.request_seed(0, turn))
+            results = self.generate(
+                [e.prompt_ids() for e in active],
+                [e.remaining_tokens() for e in active],
+                sampling,
+                gen_seed=sampling.request_seed(0, turn),
+            )
             for e, (toks, lps) in zip(active, results):
                 e.add_completion(toks, lps)
                 tokens += len(toks)
@@ -138,8 +155,16 @@ def _unbound_proxies_hidden():
 class VLLMBackend:
     name = "vllm"
 
-    def __init__(self, model_dir: str, max_len: int = 512, kv_cache_mb: int = 256, seed: int = 0,
-                 weight_transfer: str | None = None, dtype: str = "float32", lora_rank: int | None = None):
+    def __init__(
+        self,
+        model_dir: str,
+        max_len: int = 512,
+        kv_cache_mb: int = 256,
+        seed: int = 0,
+        weight_transfer: str | None = None,
+        dtype: str = "float32",
+        lora_rank: int | None = None,
+    ):
         """`weight_transfer`: a vLLM weight-transfer backend ("gloo" or "nccl"; tasks/rl/weight_transfer.py)
         to build the engine with, so that a trainer can broadcast weights into it. `lora_rank`: build it
         with LoRA enabled up to that rank (one adapter at a time: each policy version replaces the last)."""
@@ -157,16 +182,23 @@ class VLLMBackend:
             extra |= {"enable_lora": True, "max_lora_rank": lora_rank, "max_loras": 1}
         with _unbound_proxies_hidden():
             self.llm = LLM(
-                model=str(model_dir), dtype=dtype, max_model_len=max_len,
-                distributed_executor_backend="uni", enforce_eager=True, seed=seed, disable_log_stats=True,
+                model=str(model_dir),
+                dtype=dtype,
+                max_model_len=max_len,
+                distributed_executor_backend="uni",
+                enforce_eager=True,
+                seed=seed,
+                disable_log_stats=True,
                 # gpu_memory_utilization is a share of the NUMA node's RAM on CPU, minus the process itself:
                 # a small share goes negative. An explicit KV budget is predictable (4 KiB/token here).
                 kv_cache_memory_bytes=kv_cache_mb << 20,
                 # per-request seeds crash on CPU when a prompt is split across steps ("CPU Generator does
                 # not use offset"); whole prompts per step keep replays exact
-                enable_chunked_prefill=False, enable_prefix_caching=True,
+                enable_chunked_prefill=False,
+                enable_prefix_caching=True,
                 # logprobs of the distribution actually sampled from (after temperature)
-                logprobs_mode="processed_logprobs", **extra,
+                logprobs_mode="processed_logprobs",
+                **extra,
             )
         self.engine = self.llm.llm_engine
         self._next_id = 0
@@ -234,11 +266,22 @@ class VLLMBackend:
         from vllm.sampling_params import RequestOutputKind
 
         # FINAL_ONLY: step() returns finished requests only, not every running one at every step
-        return SamplingParams(temperature=sampling.temperature, max_tokens=max_tokens, seed=seed, logprobs=0,
-                              detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY)
+        return SamplingParams(
+            temperature=sampling.temperature,
+            max_tokens=max_tokens,
+            seed=seed,
+            logprobs=0,
+            detokenize=False,
+            output_kind=RequestOutputKind.FINAL_ONLY,
+        )
 
-    def run_episodes(self, episodes: list[Episode], sampling: Sampling, on_done: Callable | None = None,
-                     episode_ids: list[int] | None = None) -> dict:
+    def run_episodes(
+        self,
+        episodes: list[Episode],
+        sampling: Sampling,
+        on_done: Callable | None = None,
+        episode_ids: list[int] | None = None,
+    ) -> dict:
         episode_ids = episode_ids or list(range(len(episodes)))
         inflight: dict[str, tuple[Episode, int]] = {}
         tokens = 0

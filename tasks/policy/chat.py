@@ -15,6 +15,7 @@ ids the policy generated.
 Tool calls are read by vLLM's own parsers (`vllm.tool_parsers`), the ones `vllm serve
 --tool-call-parser` uses, so that training, evals, the simulator and serving agree on what a call is.
 """
+
 from __future__ import annotations
 
 import json
@@ -25,9 +26,14 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-PROBE_TOOL = {"type": "function", "function": {
-    "name": "evergreen_probe_tool", "description": "Checks that the template renders tools.",
-    "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}}}
+PROBE_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "evergreen_probe_tool",
+        "description": "Checks that the template renders tools.",
+        "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]},
+    },
+}
 
 
 class ModelFormatError(ValueError):
@@ -43,9 +49,9 @@ class ParsedCall:
 
 @dataclass
 class ParsedTurn:
-    content: str                  # text outside the calls (the whole text of a final answer)
-    calls: list[ParsedCall]       # one ParsedCall with an error when the turn's calls could not be parsed
-    attempted: bool               # the turn tried to call a tool (its calls, or a malformed attempt)
+    content: str  # text outside the calls (the whole text of a final answer)
+    calls: list[ParsedCall]  # one ParsedCall with an error when the turn's calls could not be parsed
+    attempted: bool  # the turn tried to call a tool (its calls, or a malformed attempt)
 
 
 def tool_parser_names() -> list[str]:
@@ -62,13 +68,16 @@ def tool_parser(name: str, tokenizer):
     try:
         cls = ToolParserManager.get_tool_parser(name)
     except KeyError:
-        raise ModelFormatError(f"model.tool_call_parser={name!r} is not one of vLLM's tool parsers "
-                               f"({', '.join(tool_parser_names())})") from None
+        raise ModelFormatError(
+            f"model.tool_call_parser={name!r} is not one of vLLM's tool parsers ({', '.join(tool_parser_names())})"
+        ) from None
     try:
         parser = cls(tokenizer)
     except Exception as e:  # noqa: BLE001 - parsers raise RuntimeError, KeyError, ... for a vocabulary mismatch
-        raise ModelFormatError(f"model.tool_call_parser={name!r} cannot read this tokenizer's calls "
-                               f"({type(e).__name__}: {e}); pick the parser of the model's chat template") from None
+        raise ModelFormatError(
+            f"model.tool_call_parser={name!r} cannot read this tokenizer's calls "
+            f"({type(e).__name__}: {e}); pick the parser of the model's chat template"
+        ) from None
     # a malformed call is an ordinary outcome of RL, answered with a tool error; the parsers log each one
     # with a traceback at ERROR. A filter, not a level: vLLM's logging config resets its loggers' levels.
     parser_log = logging.getLogger(cls.__module__)
@@ -82,8 +91,11 @@ def _drop_parse_errors(record: logging.LogRecord) -> bool:
 
 
 def _call_markers(parser) -> list[str]:
-    return [m for m in (getattr(parser, a, None) for a in ("tool_call_start_token", "tool_call_end_token",
-                                                            "bot_token")) if isinstance(m, str) and m]
+    return [
+        m
+        for m in (getattr(parser, a, None) for a in ("tool_call_start_token", "tool_call_end_token", "bot_token"))
+        if isinstance(m, str) and m
+    ]
 
 
 class ChatFormat:
@@ -98,18 +110,26 @@ class ChatFormat:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_id
         # control tokens (roles, EOS, ...): all_special_ids lists only the named ones (bos, eos, pad, unk)
         self.special_ids = frozenset(tokenizer.all_special_ids) | frozenset(
-            i for i, t in tokenizer.added_tokens_decoder.items() if t.special)
+            i for i, t in tokenizer.added_tokens_decoder.items() if t.special
+        )
 
     @classmethod
-    def load(cls, model_dir: str | Path, tool_call_parser: str = "hermes", revision: str | None = None,
-             trust_remote_code: bool = False) -> "ChatFormat":
+    def load(
+        cls,
+        model_dir: str | Path,
+        tool_call_parser: str = "hermes",
+        revision: str | None = None,
+        trust_remote_code: bool = False,
+    ) -> "ChatFormat":
         """The format of a model directory; ModelFormatError when the loop cannot run it."""
         from transformers import AutoTokenizer, GenerationConfig
 
         model_dir = Path(model_dir)
         if not any((model_dir / f).exists() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
-            raise ModelFormatError(f"{model_dir} has no tokenizer (tokenizer.json or tokenizer_config.json): "
-                                   "model.name_or_path must be a directory saved with its tokenizer")
+            raise ModelFormatError(
+                f"{model_dir} has no tokenizer (tokenizer.json or tokenizer_config.json): "
+                "model.name_or_path must be a directory saved with its tokenizer"
+            )
         tokenizer = AutoTokenizer.from_pretrained(model_dir, revision=revision, trust_remote_code=trust_remote_code)
         stop = []
         if (model_dir / "generation_config.json").exists():
@@ -122,13 +142,18 @@ class ChatFormat:
     def check(self, where: str | Path = "the model") -> None:
         """Refuse, before any compute, a template that is missing or ignores tools, and an unusable parser."""
         if not self.tokenizer.chat_template:
-            raise ModelFormatError(f"{where} has no chat template (chat_template.jinja or tokenizer_config.json "
-                                   "chat_template): model.name_or_path must be a chat model")
-        rendered = self.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tools=[PROBE_TOOL],
-                                                      add_generation_prompt=True, tokenize=False)
+            raise ModelFormatError(
+                f"{where} has no chat template (chat_template.jinja or tokenizer_config.json "
+                "chat_template): model.name_or_path must be a chat model"
+            )
+        rendered = self.tokenizer.apply_chat_template(
+            [{"role": "user", "content": "hi"}], tools=[PROBE_TOOL], add_generation_prompt=True, tokenize=False
+        )
         if PROBE_TOOL["function"]["name"] not in rendered:
-            raise ModelFormatError(f"the chat template of {where} ignores `tools`: the policy would never see "
-                                   "the tools it must call; use a tool-calling chat template")
+            raise ModelFormatError(
+                f"the chat template of {where} ignores `tools`: the policy would never see "
+                "the tools it must call; use a tool-calling chat template"
+            )
         if not self.stop_ids:
             raise ModelFormatError(f"{where} has no EOS token: set eos_token in tokenizer_config.json")
         self.parser  # noqa: B018 - raises ModelFormatError for an unknown or unusable parser
@@ -138,20 +163,22 @@ class ChatFormat:
         return tool_parser(self.parser_name, self.tokenizer)
 
     def render(self, messages: list[dict], tools: list[dict] | None, generation_prompt: bool) -> list[int]:
-        return self.tokenizer.apply_chat_template(messages, tools=tools or None, add_generation_prompt=generation_prompt,
-                                                  tokenize=True, return_dict=False)
+        return self.tokenizer.apply_chat_template(
+            messages, tools=tools or None, add_generation_prompt=generation_prompt, tokenize=True, return_dict=False
+        )
 
     def prompt(self, messages: list[dict], tools: list[dict] | None) -> list[int]:
         """The ids a first turn is generated from."""
         return self.render(messages, tools, generation_prompt=True)
 
-    def extend(self, running: list[int], messages: list[dict], tools: list[dict] | None,
-               new: int = 1) -> tuple[list[int], bool]:
+    def extend(
+        self, running: list[int], messages: list[dict], tools: list[dict] | None, new: int = 1
+    ) -> tuple[list[int], bool]:
         """Ids that append the last `new` messages (and the next generation prompt) to `running`, and whether
         the template's rendering of the whole conversation starts with `running`."""
         whole = self.render(messages, tools, generation_prompt=True)
-        if whole[:len(running)] == running:
-            return whole[len(running):], True
+        if whole[: len(running)] == running:
+            return whole[len(running) :], True
         # the template renders the conversation differently from the ids the policy ran on: render the new
         # messages after only the turn they answer (and the question), which holds for a template that
         # re-renders calls canonically or rewrites turns before the last one
@@ -161,8 +188,10 @@ class ChatFormat:
         after = self.render(base + messages[k:], tools, generation_prompt=True)
         common = next((i for i, (a, b) in enumerate(zip(before, after)) if a != b), min(len(before), len(after)))
         if common < len(before):
-            log.warning("the chat template re-renders the turn before a tool message once the message is added; "
-                        "appending its rendering from the first changed token")
+            log.warning(
+                "the chat template re-renders the turn before a tool message once the message is added; "
+                "appending its rendering from the first changed token"
+            )
         return after[common:], False
 
     def turn_ids(self, messages: list[dict], tools: list[dict] | None, message: dict) -> list[int]:
@@ -170,13 +199,13 @@ class ChatFormat:
         the policy must learn to emit."""
         before = self.render(messages, tools, generation_prompt=True)
         whole = self.render([*messages, message], tools, generation_prompt=False)
-        if whole[:len(before)] != before:
+        if whole[: len(before)] != before:
             raise ModelFormatError("the chat template's generation prompt is not a prefix of the assistant turn")
-        ids = whole[len(before):]
+        ids = whole[len(before) :]
         last_stop = max((k for k, t in enumerate(ids) if t in self.stop_ids), default=None)
         if last_stop is None:
             raise ModelFormatError("the chat template ends an assistant turn without an EOS token")
-        return ids[:last_stop + 1]
+        return ids[: last_stop + 1]
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)

@@ -10,6 +10,7 @@ vLLM loads an adapter only from a directory (`LoRARequest(name, id, path)`), so 
 through the object store and every engine writes them to its own temporary directory. A sync moves
 2·r·(d_in + d_out) values per target module instead of the whole model.
 """
+
 from __future__ import annotations
 
 import json
@@ -33,14 +34,22 @@ def wrap(model, lora_settings):
     """`model` under a fresh peft LoRA adapter (B = 0: the wrapped model computes exactly what `model` did)."""
     from peft import LoraConfig, get_peft_model
 
-    config = LoraConfig(r=lora_settings.rank, lora_alpha=lora_settings.alpha,
-                        target_modules=list(lora_settings.target_modules), lora_dropout=0.0, bias="none",
-                        task_type="CAUSAL_LM")
-    missing = [m for m in config.target_modules
-               if not any(name.split(".")[-1] == m for name, _ in model.named_modules())]
+    config = LoraConfig(
+        r=lora_settings.rank,
+        lora_alpha=lora_settings.alpha,
+        target_modules=list(lora_settings.target_modules),
+        lora_dropout=0.0,
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+    missing = [
+        m for m in config.target_modules if not any(name.split(".")[-1] == m for name, _ in model.named_modules())
+    ]
     if missing:
-        raise ValueError(f"grpo.lora.target_modules: {type(model).__name__} has no module named {', '.join(missing)}; "
-                         "list its linear layers (e.g. q_proj, v_proj)")
+        raise ValueError(
+            f"grpo.lora.target_modules: {type(model).__name__} has no module named {', '.join(missing)}; "
+            "list its linear layers (e.g. q_proj, v_proj)"
+        )
     return get_peft_model(model, config)
 
 
@@ -100,8 +109,10 @@ def restore_adapter(model, directory: str | Path) -> None:
 
     result = set_peft_model_state_dict(model, load_file(str(Path(directory) / "adapter_model.safetensors")))
     if unexpected := getattr(result, "unexpected_keys", None):
-        raise ValueError(f"{directory}: adapter tensors {unexpected[:3]} do not fit this model (grpo.lora changed "
-                         "since the checkpoint?): remove the run's checkpoints or restore the settings")
+        raise ValueError(
+            f"{directory}: adapter tensors {unexpected[:3]} do not fit this model (grpo.lora changed "
+            "since the checkpoint?): remove the run's checkpoints or restore the settings"
+        )
 
 
 class BaseOf:

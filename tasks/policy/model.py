@@ -7,6 +7,7 @@ with a reference to its base). The embedded default is a Llama-architecture mode
 (about 0.9M parameters) with the character-level tokenizer of tasks/policy/tokenizer.py; nothing is
 downloaded. Any other causal LM with a tool-calling chat template loads the same way (`model.name_or_path`).
 """
+
 from __future__ import annotations
 
 import json
@@ -34,19 +35,26 @@ def build_model(model_settings, chat: ChatFormat | None = None, env_name: str | 
     chat = chat or ChatFormat(default_tokenizer(model_settings, env_name), model_settings.tool_call_parser)
     tok = chat.tokenizer
     cfg = LlamaConfig(
-        vocab_size=len(tok), hidden_size=model_settings.hidden_size,
-        intermediate_size=model_settings.intermediate_size, num_hidden_layers=model_settings.num_layers,
-        num_attention_heads=model_settings.num_heads, num_key_value_heads=model_settings.num_heads,
-        max_position_embeddings=model_settings.max_len, bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id, pad_token_id=chat.pad_id, tie_word_embeddings=False,
+        vocab_size=len(tok),
+        hidden_size=model_settings.hidden_size,
+        intermediate_size=model_settings.intermediate_size,
+        num_hidden_layers=model_settings.num_layers,
+        num_attention_heads=model_settings.num_heads,
+        num_key_value_heads=model_settings.num_heads,
+        max_position_embeddings=model_settings.max_len,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=chat.pad_id,
+        tie_word_embeddings=False,
         dtype="float32",
     )
     torch.manual_seed(model_settings.seed)
     return LlamaForCausalLM(cfg), chat
 
 
-def save_model(model, chat: ChatFormat, directory: str | Path, toolset: dict | None = None,
-               adapter: str | Path | None = None) -> Path:
+def save_model(
+    model, chat: ChatFormat, directory: str | Path, toolset: dict | None = None, adapter: str | Path | None = None
+) -> Path:
     """Write atomically: a half-written model directory is never visible under its final name.
 
     `toolset` is the version of the tool registry the model was trained for, kept beside the weights so that a
@@ -83,16 +91,20 @@ def check_engine_support(config: dict) -> None:
 
     archs = config.get("architectures") or []
     if not set(archs) & set(ModelRegistry.get_supported_archs()):
-        raise ModelFormatError(f"model.name_or_path: architecture {archs} is not one vLLM {vllm.__version__} runs; "
-                               "pick a supported model or set rollout.backend=hf (transformers generate)")
+        raise ModelFormatError(
+            f"model.name_or_path: architecture {archs} is not one vLLM {vllm.__version__} runs; "
+            "pick a supported model or set rollout.backend=hf (transformers generate)"
+        )
     if not torch.cuda.is_available():
         from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 
         head = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
         sizes = CPUAttentionBackend.get_supported_head_sizes()
         if head not in sizes:
-            raise ModelFormatError(f"model: head size {head} (hidden_size / num_heads) is not one vLLM's CPU attention "
-                                   f"runs ({sizes}); change model.hidden_size or model.num_heads, or rollout.backend=hf")
+            raise ModelFormatError(
+                f"model: head size {head} (hidden_size / num_heads) is not one vLLM's CPU attention "
+                f"runs ({sizes}); change model.hidden_size or model.num_heads, or rollout.backend=hf"
+            )
 
 
 def resolve_model_dir(uri: str | Path, cache_dir: str | Path | None = None, revision: str | None = None) -> Path:
@@ -113,10 +125,14 @@ def _resolve(uri: str, cache_dir, revision) -> Path:
         import mlflow
 
         try:
-            return Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(cache_dir) if cache_dir else None))
+            return Path(
+                mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(cache_dir) if cache_dir else None)
+            )
         except mlflow.exceptions.MlflowException as e:
-            raise FileNotFoundError(f"{uri} is not in the MLflow registry at {mlflow.get_tracking_uri()}: "
-                                    f"check the name and alias or version ({e.message.splitlines()[0]})") from e
+            raise FileNotFoundError(
+                f"{uri} is not in the MLflow registry at {mlflow.get_tracking_uri()}: "
+                f"check the name and alias or version ({e.message.splitlines()[0]})"
+            ) from e
     if uri.startswith("s3://"):
         prefix = uri.rstrip("/") + "/"
         files = storage.list_files(prefix)
@@ -124,7 +140,7 @@ def _resolve(uri: str, cache_dir, revision) -> Path:
             raise FileNotFoundError(f"no objects under {uri}: expected a saved model directory there")
         dest = Path(cache_dir or tempfile.mkdtemp(prefix="evergreen-model-")).resolve()
         for file_uri in files:
-            target = inside(dest, file_uri[len(prefix):], what=f"object {file_uri}")
+            target = inside(dest, file_uri[len(prefix) :], what=f"object {file_uri}")
             target.parent.mkdir(parents=True, exist_ok=True)
             storage.write_atomic(target, storage.read_bytes(file_uri))
         return dest
@@ -132,7 +148,9 @@ def _resolve(uri: str, cache_dir, revision) -> Path:
     if not path.exists() and _looks_like_hub_id(uri):
         return _hub_snapshot(uri, revision, cache_dir)
     if not (path / "config.json").exists() and not (path / "MLmodel").exists():
-        raise FileNotFoundError(f"{path} is not a saved model directory (no config.json); run `python -m tasks bootstrap` first")
+        raise FileNotFoundError(
+            f"{path} is not a saved model directory (no config.json); run `python -m tasks bootstrap` first"
+        )
     return path
 
 
@@ -141,8 +159,10 @@ def inside(root: Path, relative: str, what: str) -> Path:
     with `..`, an absolute part or a symlink out must not write anywhere else on this machine."""
     target = (root / relative).resolve()
     if not relative or target == root or not target.is_relative_to(root):
-        raise ValueError(f"{what} would be written to {target}, outside {root}: refused (a key with '..' or an "
-                         "absolute path); fix the object's key")
+        raise ValueError(
+            f"{what} would be written to {target}, outside {root}: refused (a key with '..' or an "
+            "absolute path); fix the object's key"
+        )
     return target
 
 
@@ -157,8 +177,10 @@ def _hub_snapshot(repo_id: str, revision: str | None, cache_dir) -> Path:
     try:
         return Path(snapshot_download(repo_id, revision=revision, cache_dir=str(cache_dir) if cache_dir else None))
     except Exception as e:  # noqa: BLE001 - offline, unknown repo, gated repo: one message for each
-        raise FileNotFoundError(f"model.name_or_path={repo_id!r} is neither a local model directory nor a "
-                                f"Hugging Face Hub model this machine can download ({type(e).__name__}: {e})") from e
+        raise FileNotFoundError(
+            f"model.name_or_path={repo_id!r} is neither a local model directory nor a "
+            f"Hugging Face Hub model this machine can download ({type(e).__name__}: {e})"
+        ) from e
 
 
 def load_model(uri: str | Path, cache_dir: str | Path | None = None, model_settings=None, checksums: bool = True):
@@ -175,8 +197,9 @@ def load_model(uri: str | Path, cache_dir: str | Path | None = None, model_setti
     if checksums:
         storage.verify_manifest(directory)
     chat = ChatFormat.load(directory, ms.tool_call_parser, ms.revision, ms.trust_remote_code)
-    model = AutoModelForCausalLM.from_pretrained(directory, dtype=DTYPES[ms.dtype], revision=ms.revision,
-                                                 trust_remote_code=ms.trust_remote_code)
+    model = AutoModelForCausalLM.from_pretrained(
+        directory, dtype=DTYPES[ms.dtype], revision=ms.revision, trust_remote_code=ms.trust_remote_code
+    )
     model.eval()
     return model, chat, directory
 

@@ -9,6 +9,7 @@ only the assistant's own tokens carry loss (prompts and tool results are masked 
 episodes (`bootstrap.recovery_share`) shows a refused call and the corrected one, so that the champion
 calls again after a tool error, as an agent must.
 """
+
 from __future__ import annotations
 
 import logging
@@ -25,9 +26,16 @@ from tasks.rl.grpo import pad_batch
 log = logging.getLogger(__name__)
 
 
-def demonstration_batch(env_name: str, chat, n: int, seed: int, max_len: int,
-                        toolset: dict | None = None, split: str = "train",
-                        recovery: float = 0.0) -> list[tuple[list[int], list[int]]]:
+def demonstration_batch(
+    env_name: str,
+    chat,
+    n: int,
+    seed: int,
+    max_len: int,
+    toolset: dict | None = None,
+    split: str = "train",
+    recovery: float = 0.0,
+) -> list[tuple[list[int], list[int]]]:
     """(token ids, loss mask) of `n` expert episodes, built through the real episode loop; random tool
     schemas (the bootstrap's), or a toolset's tools. Training content only: demonstrations of eval
     content would let the gate measure recall.
@@ -36,8 +44,10 @@ def demonstration_batch(env_name: str, chat, n: int, seed: int, max_len: int,
     back and the expert calls again, correctly. The slip is out of the loss; the recovery is in it."""
     env = get_env(env_name)
     if env.demonstration is None:
-        raise ValueError(f"environment {env.name!r} has no demonstrations to learn from: set bootstrap.steps=0 and "
-                         f"model.name_or_path to a model that already calls tools (or grpo.demo_coef=0)")
+        raise ValueError(
+            f"environment {env.name!r} has no demonstrations to learn from: set bootstrap.steps=0 and "
+            f"model.name_or_path to a model that already calls tools (or grpo.demo_coef=0)"
+        )
     rng = random.Random(seed)
     slips = random.Random(seed + 7_919) if recovery else None  # own stream: recovery=0 leaves the batch as it was
     out = []
@@ -81,7 +91,7 @@ def slip(call: dict, rng: random.Random) -> dict:
 
 def _typo(name: str, rng: random.Random) -> str:
     i = rng.randrange(len(name))
-    return name[:i] + rng.choice([c for c in "abcdefghijklmnopqrstuvwxyz" if c != name[i]]) + name[i + 1:]
+    return name[:i] + rng.choice([c for c in "abcdefghijklmnopqrstuvwxyz" if c != name[i]]) + name[i + 1 :]
 
 
 def demonstration_loss(model, batch: list[tuple[list[int], list[int]]], pad_id: int) -> torch.Tensor:
@@ -91,8 +101,9 @@ def demonstration_loss(model, batch: list[tuple[list[int], list[int]]], pad_id: 
     return _summed_nll(model, ids, attn, mask) / mask.sum()
 
 
-def demonstration_backward(model, batch: list[tuple[list[int], list[int]]], pad_id: int,
-                           micro_batches: int = 1) -> float:
+def demonstration_backward(
+    model, batch: list[tuple[list[int], list[int]]], pad_id: int, micro_batches: int = 1
+) -> float:
     """Backpropagate `demonstration_loss` of `batch` through `micro_batches` length-sorted slices; returns it.
 
     Each slice is padded only to its own longest episode (one tensor pads all to the batch's longest:
@@ -102,8 +113,10 @@ def demonstration_backward(model, batch: list[tuple[list[int], list[int]]], pad_
     # one slice keeps the batch's order: the summation order, hence the floats, of the unsliced loss
     ordered = batch if micro_batches == 1 else sorted(batch, key=lambda sample: len(sample[0]))
     size = math.ceil(len(ordered) / micro_batches)
-    slices = [pad_batch([s for s, _ in part], [m for _, m in part], pad_id, device)
-              for part in (ordered[k:k + size] for k in range(0, len(ordered), size))]
+    slices = [
+        pad_batch([s for s, _ in part], [m for _, m in part], pad_id, device)
+        for part in (ordered[k : k + size] for k in range(0, len(ordered), size))
+    ]
     n_tokens = sum(mask.sum() for _, _, mask in slices)
     total = 0.0
     for ids, attn, mask in slices:
@@ -143,8 +156,14 @@ def sft_train(model, chat, settings, progress=None) -> list[float]:
     model.train()
     losses, t0 = [], time.time()
     for step in range(b.steps):
-        batch = demonstration_batch(settings.env.name, chat, b.batch_size, seed=b.seed * 1_000_003 + step,
-                                    max_len=settings.model.max_len, recovery=b.recovery_share)
+        batch = demonstration_batch(
+            settings.env.name,
+            chat,
+            b.batch_size,
+            seed=b.seed * 1_000_003 + step,
+            max_len=settings.model.max_len,
+            recovery=b.recovery_share,
+        )
         opt.zero_grad(set_to_none=True)
         loss = demonstration_backward(model, batch, chat.pad_id, b.micro_batches)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

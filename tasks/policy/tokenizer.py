@@ -13,6 +13,7 @@ like any Hugging Face checkpoint: `AutoTokenizer.from_pretrained(model_dir)`.
 Both carry `templates/evergreen.jinja`, a chat template that renders the episode's OpenAI tools compactly
 and calls as `<tool_call>{json}</tool_call>`, which vLLM's `hermes` tool parser reads.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -68,8 +69,13 @@ def bpe_tokenizer(texts: Iterable[str], vocab_size: int, template: str | None = 
     # words, and each other character alone, so that merges stay inside words and numbers
     backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"\w+|\W"), behavior="isolated")
     backend.decoder = decoders.Fuse()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=_markers(), initial_alphabet=list(ALPHABET),
-                                  limit_alphabet=len(ALPHABET), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=_markers(),
+        initial_alphabet=list(ALPHABET),
+        limit_alphabet=len(ALPHABET),
+        show_progress=False,
+    )
     backend.train_from_iterator(texts, trainer=trainer)
     return _wrap(backend, template)
 
@@ -86,8 +92,10 @@ def environment_text(env_name: str | None, n: int = 600, seed: int = 7) -> list[
 
     env, chat = get_env(env_name or EnvSettings.model_fields["name"].default), default_chat()
     if env.demonstration is None:
-        raise ValueError(f"model.tokenizer=bpe learns from demonstrations; environment {env.name!r} has none: "
-                         f"use model.tokenizer=char or a model with its own tokenizer (model.name_or_path)")
+        raise ValueError(
+            f"model.tokenizer=bpe learns from demonstrations; environment {env.name!r} has none: "
+            f"use model.tokenizer=char or a model with its own tokenizer (model.name_or_path)"
+        )
     rng = random.Random(seed)
     texts = []
     for task in env.generate_tasks(n, seed, split="train"):

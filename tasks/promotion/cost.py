@@ -31,6 +31,7 @@ Design choices:
 
 Pure Python (yaml only); nothing runs at import time.
 """
+
 from __future__ import annotations
 
 import datetime as _dt
@@ -85,8 +86,10 @@ class PriceTable:
             raise PriceKeyError(f"price kind {kind!r} is not one of {list(self.entries)}")
         table = self.entries[kind]
         if key not in table:
-            raise PriceKeyError(f"no {kind} price {key!r} in {self.path or 'the price table'}; available: "
-                                f"{sorted(table)} (set cost.{kind}_price to one of them, or add the entry)")
+            raise PriceKeyError(
+                f"no {kind} price {key!r} in {self.path or 'the price table'}; available: "
+                f"{sorted(table)} (set cost.{kind}_price to one of them, or add the entry)"
+            )
         return table[key]
 
 
@@ -133,8 +136,10 @@ def _entry(kind: str, key: str, entry, errors: list[str]) -> Price | None:
         errors.append(f"{where}: price must be a number > 0 (got {price!r}); write the list price in {UNITS[kind]}")
     unit = entry.get("unit")
     if unit != UNITS[kind]:
-        errors.append(f"{where}: unit must be {UNITS[kind]!r} (got {unit!r}); convert the price (e.g. divide an "
-                      f"instance-hour price by its vCPUs or GPUs) and write that unit")
+        errors.append(
+            f"{where}: unit must be {UNITS[kind]!r} (got {unit!r}); convert the price (e.g. divide an "
+            f"instance-hour price by its vCPUs or GPUs) and write that unit"
+        )
     source = entry.get("source")
     if not isinstance(source, str) or not re.match(r"^https?://\S+$", source):
         errors.append(f"{where}: source must be the public URL the price was read from (got {source!r})")
@@ -148,13 +153,22 @@ def _entry(kind: str, key: str, entry, errors: list[str]) -> Price | None:
         errors.append(f"{where}: gpu must name the GPU model (e.g. gpu: H200) so usage on another GPU is caught")
     if len(errors) > n:
         return None
-    return Price(kind=kind, key=key, price=float(price), unit=unit, source=source, read_on=read_on,
-                 note=str(entry.get("note", "")), gpu=gpu if kind == "gpu" else None)
+    return Price(
+        kind=kind,
+        key=key,
+        price=float(price),
+        unit=unit,
+        source=source,
+        read_on=read_on,
+        note=str(entry.get("note", "")),
+        gpu=gpu if kind == "gpu" else None,
+    )
 
 
 @dataclass
 class StageUsage:
     """Resources one stage held: wall time x CPUs (Ray logical CPUs = vCPUs) and GPUs reserved on Ray."""
+
     stage: str
     wall_s: float
     cpus: float = 0
@@ -167,13 +181,16 @@ class StageUsage:
         for name in ("wall_s", "cpus", "gpus", "tokens_generated", "tokens_trained"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-                raise ValueError(f"stage {self.stage!r}: {name} must be a finite number >= 0 (got {v!r}); "
-                                 f"record what the stage actually held")
+                raise ValueError(
+                    f"stage {self.stage!r}: {name} must be a finite number >= 0 (got {v!r}); "
+                    f"record what the stage actually held"
+                )
 
 
 @dataclass
 class ServingProjection:
     """Generated tokens per production episode, measured on the same eval tasks for both models."""
+
     champion_tokens_per_episode: float
     challenger_tokens_per_episode: float
 
@@ -184,8 +201,13 @@ class ServingProjection:
                 raise ValueError(f"serving projection: {name} must be a finite number >= 0 (got {v!r})")
 
 
-def ledger(stages: list[StageUsage], cost_settings, prices: PriceTable, serving: ServingProjection | None = None,
-           success_gain_points: float | None = None) -> dict:
+def ledger(
+    stages: list[StageUsage],
+    cost_settings,
+    prices: PriceTable,
+    serving: ServingProjection | None = None,
+    success_gain_points: float | None = None,
+) -> dict:
     """Price the run's stages and the projected serving change; returns a JSON-serialisable report.
 
     `cost_settings` is `Settings.cost` (price keys, traffic, horizon). `success_gain_points` is the target
@@ -198,16 +220,30 @@ def ledger(stages: list[StageUsage], cost_settings, prices: PriceTable, serving:
     for s in stages:
         if s.gpus > 0 and s.gpu_type and gpu_price.gpu.lower() not in s.gpu_type.lower():
             same = sorted(k for k, p in prices.entries["gpu"].items() if p.gpu.lower() in s.gpu_type.lower())
-            raise ValueError(f"stage {s.stage!r} held {s.gpu_type!r} GPUs but cost.gpu_price={cost_settings.gpu_price!r} "
-                             f"prices a {gpu_price.gpu}; set cost.gpu_price to one of {same or 'a new entry for that GPU'}")
+            raise ValueError(
+                f"stage {s.stage!r} held {s.gpu_type!r} GPUs but cost.gpu_price={cost_settings.gpu_price!r} "
+                f"prices a {gpu_price.gpu}; set cost.gpu_price to one of {same or 'a new entry for that GPU'}"
+            )
         hours = s.wall_s / 3600
         cpu_core_hours, gpu_hours = s.cpus * hours, s.gpus * hours
         cpu_usd = cpu_core_hours * cpu_price.price
         gpu_usd = gpu_hours * gpu_price.price if gpu_price else 0.0
-        rows.append({"stage": s.stage, "wall_s": float(s.wall_s), "cpus": float(s.cpus), "gpus": float(s.gpus),
-                     "gpu_type": s.gpu_type, "cpu_core_hours": cpu_core_hours, "gpu_hours": gpu_hours,
-                     "cpu_usd": cpu_usd, "gpu_usd": gpu_usd, "usd": cpu_usd + gpu_usd,
-                     "tokens_generated": int(s.tokens_generated), "tokens_trained": int(s.tokens_trained)})
+        rows.append(
+            {
+                "stage": s.stage,
+                "wall_s": float(s.wall_s),
+                "cpus": float(s.cpus),
+                "gpus": float(s.gpus),
+                "gpu_type": s.gpu_type,
+                "cpu_core_hours": cpu_core_hours,
+                "gpu_hours": gpu_hours,
+                "cpu_usd": cpu_usd,
+                "gpu_usd": gpu_usd,
+                "usd": cpu_usd + gpu_usd,
+                "tokens_generated": int(s.tokens_generated),
+                "tokens_trained": int(s.tokens_trained),
+            }
+        )
     run_usd = sum(r["usd"] for r in rows)
     generated = sum(r["tokens_generated"] for r in rows)
     trained = sum(r["tokens_trained"] for r in rows)
@@ -219,12 +255,16 @@ def ledger(stages: list[StageUsage], cost_settings, prices: PriceTable, serving:
         delta_tokens = serving.challenger_tokens_per_episode - serving.champion_tokens_per_episode
         episodes = cost_settings.traffic_episodes_per_day * cost_settings.horizon_days
         serving_delta_usd = delta_tokens * episodes * serving_price.price / 1e6
-        serving_report = {"champion_tokens_per_episode": float(serving.champion_tokens_per_episode),
-                          "challenger_tokens_per_episode": float(serving.challenger_tokens_per_episode),
-                          "delta_tokens_per_episode": float(delta_tokens),
-                          "traffic_episodes_per_day": float(cost_settings.traffic_episodes_per_day),
-                          "horizon_days": float(cost_settings.horizon_days), "episodes": float(episodes),
-                          "usd_per_million_tokens": serving_price.price, "serving_delta_usd": serving_delta_usd}
+        serving_report = {
+            "champion_tokens_per_episode": float(serving.champion_tokens_per_episode),
+            "challenger_tokens_per_episode": float(serving.challenger_tokens_per_episode),
+            "delta_tokens_per_episode": float(delta_tokens),
+            "traffic_episodes_per_day": float(cost_settings.traffic_episodes_per_day),
+            "horizon_days": float(cost_settings.horizon_days),
+            "episodes": float(episodes),
+            "usd_per_million_tokens": serving_price.price,
+            "serving_delta_usd": serving_delta_usd,
+        }
     # savings are reported, not credited (module docstring): total_usd >= run_usd
     total_usd = run_usd + max(serving_delta_usd or 0.0, 0.0)
     gain = None if success_gain_points is None else float(success_gain_points)
@@ -242,7 +282,10 @@ def ledger(stages: list[StageUsage], cost_settings, prices: PriceTable, serving:
         "total_rule": "run_usd + max(serving_delta_usd, 0): projected serving savings are reported, not credited",
         "success_gain_points": gain,
         "usd_per_success_point": total_usd / gain if gain is not None and math.isfinite(gain) and gain > 0 else None,
-        "prices": {"cpu": cpu_price.to_dict(), "gpu": gpu_price.to_dict() if gpu_price else None,
-                   "serving": serving_price.to_dict() if serving_price else None},
+        "prices": {
+            "cpu": cpu_price.to_dict(),
+            "gpu": gpu_price.to_dict() if gpu_price else None,
+            "serving": serving_price.to_dict() if serving_price else None,
+        },
         "prices_file": prices.path,
     }

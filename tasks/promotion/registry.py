@@ -14,6 +14,7 @@ same target state from the journal and a finished move is never applied twice. M
 multi-alias transaction, so "atomic" here means crash-consistent: after any interruption, rerunning
 the step ends in the intended state, and no other state is ever the final one.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -105,17 +106,30 @@ class ModelRegistry:
         with `moved` (False when this run_key had already promoted)."""
         entry = self._journal(run_key)
         if entry and entry["state"] == "done":
-            log.info("registry: run %s already moved champion %s -> %s; nothing to do", run_key, entry["from"], entry["to"])
+            log.info(
+                "registry: run %s already moved champion %s -> %s; nothing to do", run_key, entry["from"], entry["to"]
+            )
             return {**entry, "moved": False}
         if entry is None:
-            entry = {"kind": "promote", "run_key": run_key, "from": self.version_of(CHAMPION), "to": str(version),
-                     "state": "started"}
+            entry = {
+                "kind": "promote",
+                "run_key": run_key,
+                "from": self.version_of(CHAMPION),
+                "to": str(version),
+                "state": "started",
+            }
             self._write_journal(run_key, entry)
         if decision is not None:
             self.tag_version(entry["to"], {"evergreen.decision": "promoted", "evergreen.decision_detail": decision})
         done = self._apply(run_key, entry)
-        log.info("registry: %s champion %s -> %s (previous %s) for run %s", self.name, done["from"], done["to"],
-                 done["from"], run_key)
+        log.info(
+            "registry: %s champion %s -> %s (previous %s) for run %s",
+            self.name,
+            done["from"],
+            done["to"],
+            done["from"],
+            run_key,
+        )
         return {**done, "moved": True}
 
     def record_not_promoted(self, version: str, decision: dict) -> None:

@@ -6,6 +6,7 @@ adapter_config.json instead of the weights; resume wraps the base first). Every 
 weights_only=True: a checkpoint directory never gets arbitrary objects unpickled. A checkpoint is complete only once renamed into place, so a run killed mid-write resumes
 from the previous one. The newest `keep` checkpoints are kept.
 """
+
 from __future__ import annotations
 
 import json
@@ -18,8 +19,16 @@ import numpy as np
 import torch
 
 
-def save_checkpoint(directory: str | Path, step: int, model, chat, optimizer, extra: dict | None = None,
-                    keep: int = 2, protected: tuple[int, ...] = ()) -> Path:
+def save_checkpoint(
+    directory: str | Path,
+    step: int,
+    model,
+    chat,
+    optimizer,
+    extra: dict | None = None,
+    keep: int = 2,
+    protected: tuple[int, ...] = (),
+) -> Path:
     """Write step `step`'s checkpoint; then remove all but the newest `keep` and the `protected` steps."""
     from tasks.storage import publish_dir
 
@@ -72,8 +81,10 @@ def restore_checkpoint(path: str | Path, model, optimizer) -> dict:
     path = Path(path)
     restore_weights(path, model)
     if not (path / "rng.json").exists():
-        raise ValueError(f"checkpoint {path} predates rng.json (its RNG state is pickled, which resume no longer "
-                         "unpickles): remove its checkpoints directory to train from the start")
+        raise ValueError(
+            f"checkpoint {path} predates rng.json (its RNG state is pickled, which resume no longer "
+            "unpickles): remove its checkpoints directory to train from the start"
+        )
     optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
     torch.set_rng_state(torch.load(path / "rng.pt", weights_only=True)["torch"])
     rng_from_json(json.loads((path / "rng.json").read_text()))
@@ -84,8 +95,10 @@ def rng_to_json() -> dict:
     """Python's and numpy's global RNG states as JSON (lists of ints), exactly restorable."""
     version, internal, gauss = random.getstate()
     kind, keys, pos, has_gauss, cached = np.random.get_state()
-    return {"python": [version, list(internal), gauss],
-            "numpy": [kind, keys.tolist(), int(pos), int(has_gauss), float(cached)]}
+    return {
+        "python": [version, list(internal), gauss],
+        "numpy": [kind, keys.tolist(), int(pos), int(has_gauss), float(cached)],
+    }
 
 
 def rng_from_json(state: dict) -> None:

@@ -8,6 +8,7 @@
 `ray stop` would end every Ray process on the machine (other runs, other users), so a head is stopped
 through its own processes: those whose command line names its temp dir.
 """
+
 from __future__ import annotations
 
 import logging
@@ -45,8 +46,9 @@ class LocalHead:
                 cmdline = p.info["cmdline"] or []
                 if any(self.temp_dir in part for part in cmdline):
                     out.append(p.info["pid"])
-                elif (str(p.info["name"]).startswith(("ray::", "ray-")) or any("ray" in part for part in cmdline[:3])) \
-                        and any(f.path.startswith(self.temp_dir + "/") for f in p.open_files()):
+                elif (
+                    str(p.info["name"]).startswith(("ray::", "ray-")) or any("ray" in part for part in cmdline[:3])
+                ) and any(f.path.startswith(self.temp_dir + "/") for f in p.open_files()):
                     out.append(p.info["pid"])
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 continue
@@ -85,9 +87,11 @@ def private_dir(path: Path, shared_mode: bool = False) -> Path:
         pass
     st = os.lstat(path)
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or (st.st_mode & 0o077 and not shared_mode):
-        raise PermissionError(f"{path} is not a private directory of this user (owner uid {st.st_uid}, mode "
-                              f"{oct(st.st_mode & 0o777)}, {'a directory' if stat.S_ISDIR(st.st_mode) else 'not a directory'}): "
-                              "remove it (someone else may have created it) and run again")
+        raise PermissionError(
+            f"{path} is not a private directory of this user (owner uid {st.st_uid}, mode "
+            f"{oct(st.st_mode & 0o777)}, {'a directory' if stat.S_ISDIR(st.st_mode) else 'not a directory'}): "
+            "remove it (someone else may have created it) and run again"
+        )
     return path
 
 
@@ -97,8 +101,10 @@ def private_file(path: Path) -> Path:
 
     st = os.lstat(path)
     if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
-        raise PermissionError(f"Ray token {path} must be a regular file of this user with mode 0600 (owner uid "
-                              f"{st.st_uid}, mode {oct(st.st_mode & 0o777)}): fix or remove it")
+        raise PermissionError(
+            f"Ray token {path} must be a regular file of this user with mode 0600 (owner uid "
+            f"{st.st_uid}, mode {oct(st.st_mode & 0o777)}): fix or remove it"
+        )
     return path
 
 
@@ -118,13 +124,20 @@ def new_token(path: Path) -> Path:
     return path
 
 
-def start_local_head(temp_dir: str | Path, port: int = 6390, num_cpus: int | None = None,
-                     dashboard_port: int | None = 8265, timeout: float = 60.0) -> LocalHead:
+def start_local_head(
+    temp_dir: str | Path,
+    port: int = 6390,
+    num_cpus: int | None = None,
+    dashboard_port: int | None = 8265,
+    timeout: float = 60.0,
+) -> LocalHead:
     """`ray start --head` bound to 127.0.0.1 with its own temp dir; returns once it accepts drivers."""
     temp_dir = str(Path(temp_dir).resolve())
     if len(temp_dir) > 40:
-        raise ValueError(f"Ray temp dir {temp_dir!r} is too long: its unix sockets must stay under 107 characters; "
-                         "use a short path such as /tmp/eg-ray-<run>")
+        raise ValueError(
+            f"Ray temp dir {temp_dir!r} is too long: its unix sockets must stay under 107 characters; "
+            "use a short path such as /tmp/eg-ray-<run>"
+        )
     private_dir(Path(temp_dir), shared_mode=True)
     # Ray 2.60 clusters require a token; this head gets its own, readable only by us. A process that
     # already holds one (RAY_AUTH_TOKEN_PATH) keeps it: Ray reads the token once, at import, so every head
@@ -138,24 +151,41 @@ def start_local_head(temp_dir: str | Path, port: int = 6390, num_cpus: int | Non
     # Ray resolves 127.0.0.1 to the machine's routable address (services.resolve_ip_for_localhost) unless it
     # believes clusters are off (its macOS/Windows switch): then every component of a local head (GCS,
     # raylet, agents, client server, workers) binds loopback. Drivers and jobs get it too (head.env)
-    auth_env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token_path),
-                "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "GLOO_SOCKET_IFNAME": "lo"}
+    auth_env = {
+        "RAY_AUTH_MODE": "token",
+        "RAY_AUTH_TOKEN_PATH": str(token_path),
+        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+        "GLOO_SOCKET_IFNAME": "lo",
+    }
     ray_bin = shutil.which("ray", path=str(Path(sys.executable).parent)) or "ray"
-    cmd = [ray_bin, "start", "--head", f"--port={port}", f"--temp-dir={temp_dir}", "--node-ip-address=127.0.0.1",
-           f"--num-cpus={num_cpus or os.cpu_count()}", "--disable-usage-stats"]
+    cmd = [
+        ray_bin,
+        "start",
+        "--head",
+        f"--port={port}",
+        f"--temp-dir={temp_dir}",
+        "--node-ip-address=127.0.0.1",
+        f"--num-cpus={num_cpus or os.cpu_count()}",
+        "--disable-usage-stats",
+    ]
     if dashboard_port:
         # the job agent's default port (52365) is one per machine: a second head with a dashboard would have no
         # job agent, and every job submitted to it fails with "No available agent to submit job"
-        cmd += ["--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard_port}",
-                f"--dashboard-agent-listen-port={free_port()}"]
+        cmd += [
+            "--include-dashboard=true",
+            "--dashboard-host=127.0.0.1",
+            f"--dashboard-port={dashboard_port}",
+            f"--dashboard-agent-listen-port={free_port()}",
+        ]
     else:
         cmd += ["--include-dashboard=false"]
     t0 = time.time()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=os.environ | auth_env)
     if proc.returncode != 0:
         raise RuntimeError(f"`{' '.join(cmd)}` failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
-    head = LocalHead(f"127.0.0.1:{port}", temp_dir, f"http://127.0.0.1:{dashboard_port}" if dashboard_port else None,
-                     auth_env)
+    head = LocalHead(
+        f"127.0.0.1:{port}", temp_dir, f"http://127.0.0.1:{dashboard_port}" if dashboard_port else None, auth_env
+    )
     log.info("local Ray head up at %s in %.1fs (temp dir %s)", head.address, time.time() - t0, temp_dir)
     return head
 
@@ -192,8 +222,15 @@ def connect(settings, **init_kwargs):
     # without a dashboard, Ray Train's placement-group watcher logs "State API may be temporarily
     # unavailable" every few seconds; ERROR-level system logs keep the console readable
     init_kwargs.setdefault("logging_config", ray.LoggingConfig(encoding="TEXT", log_level="ERROR"))
-    env = {"runtime_env": {"env_vars": {"PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[2]),
-                                                                                  os.environ.get("PYTHONPATH")]))}}}
+    env = {
+        "runtime_env": {
+            "env_vars": {
+                "PYTHONPATH": os.pathsep.join(
+                    filter(None, [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH")])
+                )
+            }
+        }
+    }
     # ray.LoggingConfig reaches the workers, but it also reconfigures this process's root logger:
     # keep the driver's own progress lines
     root = logging.getLogger()
@@ -202,8 +239,14 @@ def connect(settings, **init_kwargs):
         if settings.ray.address:
             os.environ["RAY_ADDRESS"] = settings.ray.address  # Ray Train's helpers resolve the cluster by it
             return ray.init(address=settings.ray.address, log_to_driver=True, **env, **init_kwargs)
-        return ray.init(num_cpus=settings.ray.num_cpus or os.cpu_count(), include_dashboard=False,
-                        _node_ip_address="127.0.0.1", log_to_driver=True, **env, **init_kwargs)
+        return ray.init(
+            num_cpus=settings.ray.num_cpus or os.cpu_count(),
+            include_dashboard=False,
+            _node_ip_address="127.0.0.1",
+            log_to_driver=True,
+            **env,
+            **init_kwargs,
+        )
     finally:
         root.setLevel(level)
         root.handlers[:] = handlers
@@ -225,11 +268,20 @@ def setup_local_cluster(settings, run_key: str, num_cpus: int | None = None) -> 
     if old.pids():  # a retried setup: the first try's head may be half up; start clean
         log.warning("a head of this run is already running (%d processes): stopping it first", len(old.pids()))
         old.stop()
-    head = start_local_head(temp_dir, port=settings.ray.head_port, num_cpus=num_cpus or settings.ray.num_cpus,
-                            dashboard_port=settings.ray.dashboard_port)
+    head = start_local_head(
+        temp_dir,
+        port=settings.ray.head_port,
+        num_cpus=num_cpus or settings.ray.num_cpus,
+        dashboard_port=settings.ray.dashboard_port,
+    )
     log.info("Ray head %s up; dashboard %s; temp dir %s", head.address, head.dashboard_url, temp_dir)
-    return {"backend": "local", "address": head.address, "dashboard_url": head.dashboard_url, "env": head.env,
-            "temp_dir": temp_dir}
+    return {
+        "backend": "local",
+        "address": head.address,
+        "dashboard_url": head.dashboard_url,
+        "env": head.env,
+        "temp_dir": temp_dir,
+    }
 
 
 def teardown_local_cluster(run_key: str) -> int:
@@ -238,7 +290,9 @@ def teardown_local_cluster(run_key: str) -> int:
     stopped = head.stop()
     left = head.pids()
     if left:
-        raise RuntimeError(f"Ray processes still alive after teardown: {left}; stop them by hand "
-                           f"(kill {' '.join(map(str, left))}) — never `ray stop`, it ends other runs' clusters")
+        raise RuntimeError(
+            f"Ray processes still alive after teardown: {left}; stop them by hand "
+            f"(kill {' '.join(map(str, left))}) — never `ray stop`, it ends other runs' clusters"
+        )
     log.info("Ray head of %s stopped: %d processes, none left", run_key, stopped)
     return stopped

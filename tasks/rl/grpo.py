@@ -19,6 +19,7 @@ Departures from the GRPO paper (Shao et al., 2024), all by configuration:
   the surrogate is reweighted by truncated importance sampling against the engine's log-probabilities;
 - only the model's own tokens carry loss: prompts and tool results are masked out.
 """
+
 from __future__ import annotations
 
 import math
@@ -65,11 +66,19 @@ def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, temperature: f
     return logp.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
 
 
-def clipped_policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
-                        eps_low: float, eps_high: float, ref_logp: torch.Tensor | None = None,
-                        kl_coef: float | torch.Tensor = 0.0, pg_tokens: float | None = None,
-                        kl_tokens: float | None = None, is_weights: torch.Tensor | None = None
-                        ) -> tuple[torch.Tensor, dict]:
+def clipped_policy_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    eps_low: float,
+    eps_high: float,
+    ref_logp: torch.Tensor | None = None,
+    kl_coef: float | torch.Tensor = 0.0,
+    pg_tokens: float | None = None,
+    kl_tokens: float | None = None,
+    is_weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict]:
     """Token-level clipped surrogate plus the weighted k3 KL (to minimise), and diagnostics.
 
     logp, old_logp, ref_logp, mask, is_weights: [B, T]; advantages: [B] (one per sequence, broadcast over its
@@ -105,8 +114,14 @@ def clipped_policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: 
     with torch.no_grad():
         low = ((ratio < 1.0 - eps_low) & (adv < 0)).to(mask.dtype) * pg_mask
         high = ((ratio > 1.0 + eps_high) & (adv > 0)).to(mask.dtype) * pg_mask
-    stats = {"pg_tokens": n_pg, "kl_tokens": 0.0, "kl_sum": 0.0, "ratio_sum": float((ratio.detach() * pg_mask).sum()),
-             "clip_low": float(low.sum()), "clip_high": float(high.sum())}
+    stats = {
+        "pg_tokens": n_pg,
+        "kl_tokens": 0.0,
+        "kl_sum": 0.0,
+        "ratio_sum": float((ratio.detach() * pg_mask).sum()),
+        "clip_low": float(low.sum()),
+        "clip_high": float(high.sum()),
+    }
     stats["clip_fraction"] = (stats["clip_low"] + stats["clip_high"]) / max(n_pg, 1.0)
     stats["ratio_mean"] = stats["ratio_sum"] / max(n_pg, 1.0)
     coef = torch.as_tensor(kl_coef, dtype=logp.dtype, device=logp.device)
@@ -115,7 +130,9 @@ def clipped_policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: 
         kl_mask = mask * (coef > 0).to(logp.dtype).unsqueeze(-1)
         # bounded log-ratio (as verl): a token at logp -15 under a reference near 0 would give k3 ~ 3e6 and
         # set the direction of the whole step; beyond +-10 the KL gives no gradient
-        delta = torch.where(valid, ref_logp - logp, torch.zeros_like(logp)).clamp(-KL_LOG_RATIO_BOUND, KL_LOG_RATIO_BOUND)
+        delta = torch.where(valid, ref_logp - logp, torch.zeros_like(logp)).clamp(
+            -KL_LOG_RATIO_BOUND, KL_LOG_RATIO_BOUND
+        )
         kl = torch.exp(delta) - delta - 1.0
         n_kl = float(kl_mask.sum())
         loss = loss + (coef.unsqueeze(-1) * kl * kl_mask).sum() / max(kl_tokens if kl_tokens is not None else n_kl, 1.0)
@@ -136,11 +153,17 @@ def engine_gap(trainer_logp: torch.Tensor, engine_logp: torch.Tensor, mask: torc
     d = torch.where(valid, trainer_logp.detach().double() - engine_logp.double(), torch.zeros_like(mask))
     bounded = d.clamp(-KL_LOG_RATIO_BOUND, KL_LOG_RATIO_BOUND)
     k3 = torch.expm1(bounded) - bounded
-    return {"tokens": float(mask.sum()), "abs_sum": float((d.abs() * mask).sum()), "k3_sum": float((k3 * mask).sum()),
-            "abs_max": float(d.abs().max()) if bool(valid.any()) else 0.0}
+    return {
+        "tokens": float(mask.sum()),
+        "abs_sum": float((d.abs() * mask).sum()),
+        "k3_sum": float((k3 * mask).sum()),
+        "abs_max": float(d.abs().max()) if bool(valid.any()) else 0.0,
+    }
 
 
-def truncated_is_weights(old_logp: torch.Tensor, engine_logp: torch.Tensor, mask: torch.Tensor, cap: float) -> torch.Tensor:
+def truncated_is_weights(
+    old_logp: torch.Tensor, engine_logp: torch.Tensor, mask: torch.Tensor, cap: float
+) -> torch.Tensor:
     """Per-token min(pi_trainer / pi_engine, cap) on the sampled tokens (truncated importance sampling, as
     TRL's `vllm_importance_sampling_cap` and verl's TIS): corrects the surrogate for sampling from the
     engine's slightly different policy, with the weight capped to bound its variance; 1 where masked."""
@@ -148,8 +171,9 @@ def truncated_is_weights(old_logp: torch.Tensor, engine_logp: torch.Tensor, mask
     return torch.exp(log_w.clamp(max=math.log(cap)))
 
 
-def pad_batch(sequences: list[list[int]], masks: list[list[int]], pad_id: int,
-              device: torch.device | str | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def pad_batch(
+    sequences: list[list[int]], masks: list[list[int]], pad_id: int, device: torch.device | str | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Right-padded input_ids, attention_mask and the loss mask shifted to align with token_logprobs,
     on `device` (the model's; built on the CPU, moved once)."""
     width = max(len(s) for s in sequences)

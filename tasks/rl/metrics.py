@@ -2,6 +2,7 @@
 resumes, and digested into the few figures a run summary and the Evergreen page show. No torch here: the
 summary runs in an Airflow task.
 """
+
 from __future__ import annotations
 
 import json
@@ -39,13 +40,18 @@ def training_digest(metrics: list[dict]) -> dict:
         total = sum(t for _, t in pairs)
         return sum(v * t for v, t in pairs) / total if total else None
 
-    return {"steps": len(metrics), "first_reward": metrics[0].get("reward_mean"),
-            "final_reward": metrics[-1].get("reward_mean"), "final_success": metrics[-1].get("success_rate"),
-            "kl": weighted("kl", "kl_tokens"), "ratio_mean": weighted("ratio_mean", "pg_tokens"),
-            "engine_logp_gap_mean": weighted("engine_logp_gap_mean", "engine_tokens"),
-            "engine_logp_gap_max": max((m.get("engine_logp_gap_max") or 0.0 for m in metrics), default=0.0),
-            "engine_k3": weighted("engine_k3", "engine_tokens"),
-            "trained_tokens": sum(m.get("trained_tokens", 0) for m in metrics)}
+    return {
+        "steps": len(metrics),
+        "first_reward": metrics[0].get("reward_mean"),
+        "final_reward": metrics[-1].get("reward_mean"),
+        "final_success": metrics[-1].get("success_rate"),
+        "kl": weighted("kl", "kl_tokens"),
+        "ratio_mean": weighted("ratio_mean", "pg_tokens"),
+        "engine_logp_gap_mean": weighted("engine_logp_gap_mean", "engine_tokens"),
+        "engine_logp_gap_max": max((m.get("engine_logp_gap_max") or 0.0 for m in metrics), default=0.0),
+        "engine_k3": weighted("engine_k3", "engine_tokens"),
+        "trained_tokens": sum(m.get("trained_tokens", 0) for m in metrics),
+    }
 
 
 def read_metrics(path: Path) -> list[dict]:

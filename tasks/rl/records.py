@@ -10,6 +10,7 @@ their seeds depend only on identity, so a retried shard rewrites the same file w
 nothing is lost, nothing is counted twice. `read_step` refuses a step whose records do not match the
 expected keys exactly.
 """
+
 from __future__ import annotations
 
 import json
@@ -24,13 +25,24 @@ def episode_record(ep: Episode, task_index: int, rollout_index: int, policy_vers
     # the prompt ends where the model's first token begins (after the template's generation prompt)
     n_prompt = ep.loss_mask.index(1) if 1 in ep.loss_mask else len(ep.token_ids)
     return {
-        "task_id": ep.task.task_id, "family": ep.task.family, "task_index": task_index,
-        "rollout_index": rollout_index, "policy_version": policy_version,
-        "prompt_ids": ep.token_ids[:n_prompt], "completion_ids": ep.token_ids[n_prompt:],
-        "completion_mask": ep.loss_mask[n_prompt:], "logprobs": ep.logprobs[n_prompt:],
-        "reward": score["reward"], "components": score["components"], "reason": score["reason"],
-        "success": score["success"], "turns": score["turns"], "tool_calls": score["tool_calls"],
-        "tool_errors": score["tool_errors"], "completion_tokens": ep.completion_tokens, "messages": ep.messages[1:],
+        "task_id": ep.task.task_id,
+        "family": ep.task.family,
+        "task_index": task_index,
+        "rollout_index": rollout_index,
+        "policy_version": policy_version,
+        "prompt_ids": ep.token_ids[:n_prompt],
+        "completion_ids": ep.token_ids[n_prompt:],
+        "completion_mask": ep.loss_mask[n_prompt:],
+        "logprobs": ep.logprobs[n_prompt:],
+        "reward": score["reward"],
+        "components": score["components"],
+        "reason": score["reason"],
+        "success": score["success"],
+        "turns": score["turns"],
+        "tool_calls": score["tool_calls"],
+        "tool_errors": score["tool_errors"],
+        "completion_tokens": ep.completion_tokens,
+        "messages": ep.messages[1:],
     }
 
 
@@ -69,6 +81,8 @@ def read_step(step_dir: str | Path, expected_keys: set[tuple[int, int, int]]) ->
             seen[k] = r
     missing, extra = expected_keys - seen.keys(), seen.keys() - expected_keys
     if missing or extra or duplicates:
-        raise RuntimeError(f"rollout records in {step_dir} do not match the batch: {len(missing)} missing "
-                           f"(e.g. {sorted(missing)[:3]}), {len(extra)} unexpected, {len(duplicates)} duplicated")
+        raise RuntimeError(
+            f"rollout records in {step_dir} do not match the batch: {len(missing)} missing "
+            f"(e.g. {sorted(missing)[:3]}), {len(extra)} unexpected, {len(duplicates)} duplicated"
+        )
     return [seen[k] for k in sorted(seen)]

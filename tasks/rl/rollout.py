@@ -13,6 +13,7 @@ dies mid-batch, the pool starts a replacement, loads the current weights into it
 shards; per-episode seeds make the rerun produce the same records, and `read_step` checks that the
 result is exactly the expected set.
 """
+
 from __future__ import annotations
 
 import logging
@@ -34,10 +35,21 @@ log = logging.getLogger(__name__)
 class RolloutWorker:
     """One engine plus the episode loop; used as a Ray actor (see `RolloutPool`) or directly in tests."""
 
-    def __init__(self, model_dir: str, backend: str = "vllm", max_len: int = 512, kv_cache_mb: int = 256,
-                 max_turns: int = 4, max_tokens_per_turn: int = 96, threads: int = 1, core: int | None = None,
-                 weight_transfer: str | None = None, tool_call_parser: str = "hermes", dtype: str = "float32",
-                 lora_rank: int | None = None):
+    def __init__(
+        self,
+        model_dir: str,
+        backend: str = "vllm",
+        max_len: int = 512,
+        kv_cache_mb: int = 256,
+        max_turns: int = 4,
+        max_tokens_per_turn: int = 96,
+        threads: int = 1,
+        core: int | None = None,
+        weight_transfer: str | None = None,
+        tool_call_parser: str = "hermes",
+        dtype: str = "float32",
+        lora_rank: int | None = None,
+    ):
         if core is not None and hasattr(os, "sched_setaffinity"):
             # two engines on two cores must not fight over one; vLLM's own binding is off in-process
             os.sched_setaffinity(0, {core % os.cpu_count()})
@@ -53,8 +65,14 @@ class RolloutWorker:
         if backend == "vllm":
             from tasks.policy.backends import VLLMBackend
 
-            self.backend = VLLMBackend(model_dir, max_len=max_len, kv_cache_mb=kv_cache_mb,
-                                       weight_transfer=weight_transfer, dtype=dtype, lora_rank=lora_rank)
+            self.backend = VLLMBackend(
+                model_dir,
+                max_len=max_len,
+                kv_cache_mb=kv_cache_mb,
+                weight_transfer=weight_transfer,
+                dtype=dtype,
+                lora_rank=lora_rank,
+            )
         else:
             from tasks.config import ModelSettings
             from tasks.policy.backends import HFBackend
@@ -65,8 +83,12 @@ class RolloutWorker:
         self.build_seconds = time.time() - t0
 
     def info(self) -> dict:
-        return {"pid": os.getpid(), "policy_version": self.policy_version, "backend": self.backend.name,
-                "build_seconds": self.build_seconds}
+        return {
+            "pid": os.getpid(),
+            "policy_version": self.policy_version,
+            "backend": self.backend.name,
+            "build_seconds": self.build_seconds,
+        }
 
     def load_weights(self, state_dict: dict, policy_version: int) -> float:
         t0 = time.time()
@@ -101,31 +123,45 @@ class RolloutWorker:
     def run_shard(self, shard: dict) -> dict:
         """Run the shard's episodes, write its records, return a summary (path, counts, tokens, seconds)."""
         if shard["policy_version"] != self.policy_version:
-            raise RuntimeError(f"worker holds policy v{self.policy_version}, shard wants v{shard['policy_version']}: "
-                               "sync weights before dispatching")
+            raise RuntimeError(
+                f"worker holds policy v{self.policy_version}, shard wants v{shard['policy_version']}: "
+                "sync weights before dispatching"
+            )
         t0 = time.time()
         items = shard["items"]
         episodes = [new_episode(Task.from_dict(it["task"]), self.chat, **self.limits) for it in items]
         ids = [it["task_index"] * 10_000 + it["rollout_index"] for it in items]
         sampling = Sampling(temperature=shard["temperature"], seed=shard["seed"])
         stats = self.backend.run_episodes(episodes, sampling, episode_ids=ids)
-        records = [episode_record(ep, it["task_index"], it["rollout_index"], shard["policy_version"])
-                   for ep, it in zip(episodes, items)]
+        records = [
+            episode_record(ep, it["task_index"], it["rollout_index"], shard["policy_version"])
+            for ep, it in zip(episodes, items)
+        ]
         path = write_shard(shard["path"], records)
         faults = Counter(fault for ep in episodes for fault in ep.faults)  # episodes that saw each tool fault
-        return {"path": str(path), "episodes": len(records), "generated_tokens": stats["generated_tokens"],
-                "seconds": time.time() - t0, "pid": os.getpid(), "faults": dict(faults)}
+        return {
+            "path": str(path),
+            "episodes": len(records),
+            "generated_tokens": stats["generated_tokens"],
+            "seconds": time.time() - t0,
+            "pid": os.getpid(),
+            "faults": dict(faults),
+        }
 
-
-    def score_attempts(self, task_dicts: list[dict], samples: int, temperature: float, seed: int, first_index: int) -> list[dict]:
+    def score_attempts(
+        self, task_dicts: list[dict], samples: int, temperature: float, seed: int, first_index: int
+    ) -> list[dict]:
         from tasks.evals.harness import score_attempts
 
         tasks = [Task.from_dict(d) for d in task_dicts]
-        return score_attempts(self.backend, tasks, self.chat, samples, temperature, seed, self.limits, first_index).table
+        return score_attempts(
+            self.backend, tasks, self.chat, samples, temperature, seed, self.limits, first_index
+        ).table
 
 
-def start_rollout_actors(model_dir: str | Path, settings, first_core: int = 0, indices: list[int] | None = None,
-                         namespace: str | None = None) -> list:
+def start_rollout_actors(
+    model_dir: str | Path, settings, first_core: int = 0, indices: list[int] | None = None, namespace: str | None = None
+) -> list:
     """Start rollout actors without waiting for their engines (a build takes 10-45 s here), so a caller can
     overlap that with its own start-up; `RolloutPool(actors=...)` waits for them.
 
@@ -135,8 +171,13 @@ def start_rollout_actors(model_dir: str | Path, settings, first_core: int = 0, i
     r = settings.rollout
     actor_cls = ray.remote(num_cpus=r.cpus_per_worker, num_gpus=r.gpus_per_worker, max_restarts=0)(RolloutWorker)
     # set before the actor process imports torch/vllm: thread counts cannot be changed afterwards
-    env_vars = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "1", "VLLM_LOGGING_LEVEL": "ERROR",
-                "TOKENIZERS_PARALLELISM": "false", "PYTHONWARNINGS": "ignore"}
+    env_vars = {
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "OMP_NUM_THREADS": "1",
+        "VLLM_LOGGING_LEVEL": "ERROR",
+        "TOKENIZERS_PARALLELISM": "false",
+        "PYTHONWARNINGS": "ignore",
+    }
     transfer = r.weight_transfer_backend if settings.collective_sync else None
     lora_rank = None
     if settings.grpo.lora is not None:
@@ -150,11 +191,22 @@ def start_rollout_actors(model_dir: str | Path, settings, first_core: int = 0, i
             opts |= {"name": f"rollout-{i}", "namespace": namespace, "lifetime": "detached", "get_if_exists": True}
         return opts
 
-    return [actor_cls.options(**options(i)).remote(
-                str(model_dir), r.backend, settings.model.max_len, r.kv_cache_mb, settings.env.max_turns,
-                settings.env.max_tokens_per_turn, core=first_core + i, weight_transfer=transfer,
-                tool_call_parser=settings.model.tool_call_parser, dtype=settings.model.dtype, lora_rank=lora_rank)
-            for i in (range(r.num_workers) if indices is None else indices)]
+    return [
+        actor_cls.options(**options(i)).remote(
+            str(model_dir),
+            r.backend,
+            settings.model.max_len,
+            r.kv_cache_mb,
+            settings.env.max_turns,
+            settings.env.max_tokens_per_turn,
+            core=first_core + i,
+            weight_transfer=transfer,
+            tool_call_parser=settings.model.tool_call_parser,
+            dtype=settings.model.dtype,
+            lora_rank=lora_rank,
+        )
+        for i in (range(r.num_workers) if indices is None else indices)
+    ]
 
 
 class RolloutPool:
@@ -171,8 +223,12 @@ class RolloutPool:
         self._adapter = None  # the current LoRA adapter on top of them, if any
         self._transfer = None  # the open collective group (CollectiveWeightSync), if that path is used
         infos = ray.get([a.info.remote() for a in self.actors])
-        log.info("rollout pool: %d %s workers up (engine build %.1fs max)", len(infos), r.backend,
-                 max(i["build_seconds"] for i in infos))
+        log.info(
+            "rollout pool: %d %s workers up (engine build %.1fs max)",
+            len(infos),
+            r.backend,
+            max(i["build_seconds"] for i in infos),
+        )
 
     def engine_pids(self) -> list[int]:
         """The engines' process ids (which engines served a stage: a DAG run's stages share theirs)."""
@@ -194,8 +250,9 @@ class RolloutPool:
         if self._transfer is None:
             from tasks.rl.weight_transfer import CollectiveWeightSync
 
-            self._transfer = CollectiveWeightSync(self.actors, self.settings.rollout.weight_transfer_backend,
-                                                  host=ray.util.get_node_ip_address())
+            self._transfer = CollectiveWeightSync(
+                self.actors, self.settings.rollout.weight_transfer_backend, host=ray.util.get_node_ip_address()
+            )
         self._weights, self._adapter = state_dict, None
         self._transfer.send(state_dict, version)
         self.policy_version = version
@@ -244,19 +301,42 @@ class RolloutPool:
         if adapter is not None:
             self.sync_adapter(adapter, self.policy_version)
 
-    def run_batch(self, tasks: list[Task], group_size: int, out_dir: str | Path, seed: int,
-                  temperature: float | None = None, max_attempts: int = 3) -> list[dict]:
+    def run_batch(
+        self,
+        tasks: list[Task],
+        group_size: int,
+        out_dir: str | Path,
+        seed: int,
+        temperature: float | None = None,
+        max_attempts: int = 3,
+    ) -> list[dict]:
         temperature = self.settings.rollout.temperature if temperature is None else temperature
         step_dir = Path(out_dir) / f"step-{self.policy_version:05d}"
-        items = [{"task": t.to_dict(), "task_index": ti, "rollout_index": ri}
-                 for ti, t in enumerate(tasks) for ri in range(group_size)]
+        items = [
+            {"task": t.to_dict(), "task_index": ti, "rollout_index": ri}
+            for ti, t in enumerate(tasks)
+            for ri in range(group_size)
+        ]
         n_shards = min(len(items), 2 * len(self.actors))
-        shards = [{"shard_id": k, "items": items[k::n_shards], "policy_version": self.policy_version,
-                   "temperature": temperature, "seed": seed, "path": str(step_dir / f"shard-{k:04d}.jsonl"),
-                   "attempt": 0} for k in range(n_shards)]
+        shards = [
+            {
+                "shard_id": k,
+                "items": items[k::n_shards],
+                "policy_version": self.policy_version,
+                "temperature": temperature,
+                "seed": seed,
+                "path": str(step_dir / f"shard-{k:04d}.jsonl"),
+                "attempt": 0,
+            }
+            for k in range(n_shards)
+        ]
         if stale := clear_stale_shards(step_dir, {Path(sh["path"]).name for sh in shards}):
-            log.warning("rollouts v%d: removed %d shards of an earlier run with another worker count (%s)",
-                        self.policy_version, len(stale), ", ".join(p.name for p in stale))
+            log.warning(
+                "rollouts v%d: removed %d shards of an earlier run with another worker count (%s)",
+                self.policy_version,
+                len(stale),
+                ", ".join(p.name for p in stale),
+            )
         pending, running, t0, tokens, faults = list(shards), {}, time.time(), 0, Counter()
         idle = list(range(len(self.actors)))
         while pending or running:
@@ -282,8 +362,15 @@ class RolloutPool:
         expected = {(it["task_index"], it["rollout_index"], self.policy_version) for it in items}
         records = read_step(step_dir, expected)
         secs = time.time() - t0
-        log.info("rollouts v%d: %d episodes, %d tokens in %.1fs (%.0f tok/s), success %.3f", self.policy_version,
-                 len(records), tokens, secs, tokens / max(secs, 1e-9), sum(r["success"] for r in records) / len(records))
+        log.info(
+            "rollouts v%d: %d episodes, %d tokens in %.1fs (%.0f tok/s), success %.3f",
+            self.policy_version,
+            len(records),
+            tokens,
+            secs,
+            tokens / max(secs, 1e-9),
+            sum(r["success"] for r in records) / len(records),
+        )
         if faults:  # what the tool backend did to the batch (a rerun shard's episodes count again)
             log.warning("rollouts v%d: tool faults (episodes): %s", self.policy_version, dict(faults))
         self.last_faults = dict(faults)
@@ -295,8 +382,11 @@ class RolloutPool:
 
         n = len(self.actors)
         bounds = [round(i * len(tasks) / n) for i in range(n + 1)]
-        refs = [a.score_attempts.remote([t.to_dict() for t in tasks[lo:hi]], samples, temperature, seed, lo)
-                for a, lo, hi in zip(self.actors, bounds, bounds[1:]) if hi > lo]
+        refs = [
+            a.score_attempts.remote([t.to_dict() for t in tasks[lo:hi]], samples, temperature, seed, lo)
+            for a, lo, hi in zip(self.actors, bounds, bounds[1:])
+            if hi > lo
+        ]
         return EvalResult([row for part in ray.get(refs) for row in part])
 
     def shutdown(self) -> None:

@@ -17,6 +17,7 @@ happens only where a checkpoint is written, so the chosen weights are always on 
 Departure from plain early stopping: the run always trains its full length (the best step is only known
 afterwards), and the choice is among checkpoints, the way model selection on a dev set is done in SFT.
 """
+
 from __future__ import annotations
 
 import json
@@ -58,8 +59,10 @@ def validation_tasks(settings) -> dict[str, list]:
     from tasks.envs import get_env
 
     env, n = get_env(settings.env.name), settings.grpo.validation_tasks
-    return {str(toolset): env.generate_tasks(n, VALIDATION_SEED + i, env.load_toolset(toolset), split="dev")
-            for i, toolset in enumerate((settings.env.target_toolset, settings.env.champion_toolset))}
+    return {
+        str(toolset): env.generate_tasks(n, VALIDATION_SEED + i, env.load_toolset(toolset), split="dev")
+        for i, toolset in enumerate((settings.env.target_toolset, settings.env.champion_toolset))
+    }
 
 
 class CheckpointChoice:
@@ -85,8 +88,15 @@ class CheckpointChoice:
         self.rows = [r for r in self.rows if r["step"] != step] + [row]
         with open(self.path, "a") as f:
             f.write(json.dumps(row) + "\n")
-        log.info("validation at step %d: target v%s %.3f, guard v%s %.3f (%.1fs)", step, self.target,
-                 validation_score(row, self.target), self.guard, validation_score(row, self.guard), time.time() - t0)
+        log.info(
+            "validation at step %d: target v%s %.3f, guard v%s %.3f (%.1fs)",
+            step,
+            self.target,
+            validation_score(row, self.target),
+            self.guard,
+            validation_score(row, self.guard),
+            time.time() - t0,
+        )
         return row
 
     def needs_champion(self) -> bool:
@@ -109,13 +119,26 @@ class CheckpointChoice:
         if step != last_step:
             restore_weights(Path(checkpoint_dir) / f"step-{step:06d}", model)
         champion = next(r for r in self.rows if r["step"] == 0)
-        choice = {"step": step, "last_step": last_step, "target": self.target, "guard": self.guard,
-                  "max_guard_loss": self.settings.grpo.validation_max_guard_loss, "rows": self.rows}
+        choice = {
+            "step": step,
+            "last_step": last_step,
+            "target": self.target,
+            "guard": self.guard,
+            "max_guard_loss": self.settings.grpo.validation_max_guard_loss,
+            "rows": self.rows,
+        }
         write_atomic(self.path.parent / "selection.json", json.dumps(choice, indent=1))
-        log.info("challenger: step %d of %d (validation target v%s %.3f, guard v%s %.3f; the champion's %.3f, %.3f)",
-                 step, last_step, self.target, validation_score(chosen, self.target), self.guard,
-                 validation_score(chosen, self.guard), validation_score(champion, self.target),
-                 validation_score(champion, self.guard))
+        log.info(
+            "challenger: step %d of %d (validation target v%s %.3f, guard v%s %.3f; the champion's %.3f, %.3f)",
+            step,
+            last_step,
+            self.target,
+            validation_score(chosen, self.target),
+            self.guard,
+            validation_score(chosen, self.guard),
+            validation_score(champion, self.target),
+            validation_score(champion, self.guard),
+        )
         return step
 
 
@@ -128,9 +151,11 @@ def open_choice(settings, run_dir: Path, pool, start: int) -> CheckpointChoice |
     choice = CheckpointChoice(settings, run_dir)
     if choice.needs_champion():
         if start:
-            raise RuntimeError(f"grpo.validation_tasks is on for a run resumed at step {start} without the champion's "
-                               f"validation row: remove {Path(run_dir) / 'checkpoints'} to start over, or set "
-                               "grpo.validation_tasks=0")
+            raise RuntimeError(
+                f"grpo.validation_tasks is on for a run resumed at step {start} without the champion's "
+                f"validation row: remove {Path(run_dir) / 'checkpoints'} to start over, or set "
+                "grpo.validation_tasks=0"
+            )
         choice.score(pool, 0)
     if start and not any(r["step"] == start for r in choice.rows):  # killed between its checkpoint and its score
         choice.score(pool, start)

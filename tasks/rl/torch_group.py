@@ -8,6 +8,7 @@ the head's processes by tasks/rl/cluster.py). Clusters of several machines keep 
 
     trainer = TorchTrainer(..., torch_config=torch_config(settings, run_dir))
 """
+
 from __future__ import annotations
 
 import uuid
@@ -38,10 +39,20 @@ def _file_store_config():
     class _FileStoreBackend(_TorchBackend):
         def on_start(self, worker_group, backend_config):
             worker_group.execute(_set_torch_distributed_env_vars)  # LOCAL_RANK and the rest, as Ray's does
-            ray.get([worker_group.execute_single_async(
-                i, _setup_torch_process_group, backend=backend_config.backend, world_rank=i,
-                world_size=len(worker_group), init_method=f"file://{backend_config.store_file}",
-                timeout_s=backend_config.timeout_s) for i in range(len(worker_group))])
+            ray.get(
+                [
+                    worker_group.execute_single_async(
+                        i,
+                        _setup_torch_process_group,
+                        backend=backend_config.backend,
+                        world_rank=i,
+                        world_size=len(worker_group),
+                        init_method=f"file://{backend_config.store_file}",
+                        timeout_s=backend_config.timeout_s,
+                    )
+                    for i in range(len(worker_group))
+                ]
+            )
 
     @dataclass
     class FileStoreTorchConfig(TorchConfig):

@@ -24,6 +24,7 @@ takes an SFT step on expert demonstrations of the champion's registry, as Instru
 pretraining gradients into PPO to keep what RL would erode; and the KL weight may differ between
 target and guard episodes (`grpo.guard_kl_coef`).
 """
+
 from __future__ import annotations
 
 import functools
@@ -56,8 +57,11 @@ def training_tasks(settings, step: int) -> list:
     target_toolset = env.load_toolset(settings.env.target_toolset)
     produced, held_out = production_draw(g, n_target, seed)
     target = produced + generated_tasks(env, n_target - len(produced), seed, target_toolset, held_out)
-    guard = env.generate_tasks(n_guard, seed + 500_000, env.load_toolset(settings.env.champion_toolset),
-                               split="train") if n_guard else []
+    guard = (
+        env.generate_tasks(n_guard, seed + 500_000, env.load_toolset(settings.env.champion_toolset), split="train")
+        if n_guard
+        else []
+    )
     return target + guard
 
 
@@ -72,8 +76,10 @@ def _production_rows(path: str) -> tuple[tuple[dict, ...], frozenset[str]]:
 
     train_file = Path(path)
     if not train_file.exists():
-        raise FileNotFoundError(f"grpo.production_tasks={path} does not exist: point it at a train.jsonl that "
-                                "tasks/signals/production_tasks.py wrote, or set grpo.production_share=0")
+        raise FileNotFoundError(
+            f"grpo.production_tasks={path} does not exist: point it at a train.jsonl that "
+            "tasks/signals/production_tasks.py wrote, or set grpo.production_share=0"
+        )
     held_out = frozenset(content_of(Task.from_dict(r)) for r in rows(train_file.with_name("eval.jsonl")))
     return tuple(rows(train_file)), held_out
 
@@ -104,11 +110,16 @@ def generated_tasks(env, n: int, seed: int, toolset: dict, held_out: frozenset[s
     for extra in range(1, 33):
         if len(kept) >= n:
             break
-        kept += [t for t in env.generate_tasks(n, seed + 7_919 * extra, toolset, split="train")
-                 if content_of(t) not in held_out]
+        kept += [
+            t
+            for t in env.generate_tasks(n, seed + 7_919 * extra, toolset, split="train")
+            if content_of(t) not in held_out
+        ]
     if len(kept) < n:
-        raise ValueError(f"{env.name}: {n} training tasks without production's held-out content not found in 33 "
-                         f"draws; the environment's training content is nearly all held out by production")
+        raise ValueError(
+            f"{env.name}: {n} training tasks without production's held-out content not found in 33 "
+            f"draws; the environment's training content is nearly all held out by production"
+        )
     return kept[:n]
 
 
@@ -160,8 +171,11 @@ def grpo_loop(config: dict) -> None:
         log.info("resuming GRPO from %s (step %d of %d)", ckpt, start, g.steps)
     ref_model = None
     if g.uses_reference:  # with LoRA the reference is the frozen base under the adapter, not a second copy
-        ref_model = (lora.BaseOf(model) if g.lora is not None else
-                     load_model(config["init_model"], model_settings=settings.model)[0].to(device))
+        ref_model = (
+            lora.BaseOf(model)
+            if g.lora is not None
+            else load_model(config["init_model"], model_settings=settings.model)[0].to(device)
+        )
     # no DDP wrapper: grpo_step all-reduces the summed gradients itself, once per optimizer step, so that
     # ranks with different numbers of micro-batches still pair their collectives; every rank loaded the
     # same weights, and the same reduced gradient keeps them equal
@@ -185,8 +199,12 @@ def grpo_loop(config: dict) -> None:
         t0 = time.time()
         records = None
         if rank == 0:
-            records = pool.run_batch(training_tasks(settings, step), settings.rollout.group_size,
-                                     run_dir / "rollouts", seed=g.seed * 7919 + step)
+            records = pool.run_batch(
+                training_tasks(settings, step),
+                settings.rollout.group_size,
+                run_dir / "rollouts",
+                seed=g.seed * 7919 + step,
+            )
         t_roll = time.time() - t0
         if world > 1:  # every rank gets the whole batch: advantages need whole groups
             box = [records]
@@ -196,8 +214,14 @@ def grpo_loop(config: dict) -> None:
             raise RuntimeError(f"injected failure at GRPO step {step} (fail_at_step)")
         demos = None
         if g.demo_coef > 0:  # seeds disjoint from the bootstrap's and the tasks'
-            demos = demonstration_batch(settings.env.name, chat, g.demo_batch, 3_000_000 + g.seed * 10_000 + step,
-                                        settings.model.max_len, toolset=champion_toolset)
+            demos = demonstration_batch(
+                settings.env.name,
+                chat,
+                g.demo_batch,
+                3_000_000 + g.seed * 10_000 + step,
+                settings.model.max_len,
+                toolset=champion_toolset,
+            )
         m = grpo_step(model, optimizer, records, settings, chat.pad_id, ref_model, demos, rank, world)
         t_train = time.time() - t0 - t_roll
         version = step + 1
@@ -211,18 +235,40 @@ def grpo_loop(config: dict) -> None:
                 adapter = lora.adapter_state(model)
                 sync_s = pool.sync_adapter(adapter, version)
                 sync_bytes = lora.adapter_bytes(adapter)
-        m.update(step=version, rollout_s=t_roll, train_s=t_train, weight_sync_s=sync_s, weight_sync_bytes=sync_bytes,
-                 generated_tokens=sum(r["completion_tokens"] for r in records))
+        m.update(
+            step=version,
+            rollout_s=t_roll,
+            train_s=t_train,
+            weight_sync_s=sync_s,
+            weight_sync_bytes=sync_bytes,
+            generated_tokens=sum(r["completion_tokens"] for r in records),
+        )
         report_kwargs = {}
         if rank == 0:
             with open(metrics_path, "a") as f:
                 f.write(json.dumps(m) + "\n")
-            log.info("grpo step %d/%d reward %.3f success %.3f loss %.4f trained %d/%d (roll %.1fs, train %.1fs)",
-                     version, g.steps, m["reward_mean"], m["success_rate"], m["loss"], m["episodes_trained"],
-                     m["episodes"], t_roll, t_train)
+            log.info(
+                "grpo step %d/%d reward %.3f success %.3f loss %.4f trained %d/%d (roll %.1fs, train %.1fs)",
+                version,
+                g.steps,
+                m["reward_mean"],
+                m["success_rate"],
+                m["loss"],
+                m["episodes_trained"],
+                m["episodes"],
+                t_roll,
+                t_train,
+            )
             if version % g.checkpoint_every == 0 or version == g.steps:
-                path = save_checkpoint(ckpt_dir, version, model, chat, optimizer, {"policy_version": version},
-                                       protected=choice.protected() if choice else ())
+                path = save_checkpoint(
+                    ckpt_dir,
+                    version,
+                    model,
+                    chat,
+                    optimizer,
+                    {"policy_version": version},
+                    protected=choice.protected() if choice else (),
+                )
                 report_kwargs["checkpoint"] = ray.train.Checkpoint.from_directory(str(path))
                 if choice:
                     choice.score(pool, version)
@@ -236,16 +282,27 @@ def grpo_loop(config: dict) -> None:
             # `make serve` load), with the adapter and its base beside it
             adapter_dir = lora.save_adapter(model, run_dir / "adapter", config["init_model"])
             model = model.merge_and_unload()
-        save_model(getattr(model, "module", model), chat, run_dir / "model",
-                   toolset=get_env(settings.env.name).load_toolset(settings.env.target_toolset), adapter=adapter_dir)
+        save_model(
+            getattr(model, "module", model),
+            chat,
+            run_dir / "model",
+            toolset=get_env(settings.env.name).load_toolset(settings.env.target_toolset),
+            adapter=adapter_dir,
+        )
         if config.get("actors"):
             pool.close_transfer()  # the engines go back to their owner, who opens its own group
         else:
             pool.shutdown()
 
 
-def run_grpo(settings, init_model: str | Path, run_dir: str | Path, fail_at_step: int | None = None,
-             run_name: str = "grpo", actors: list | None = None):
+def run_grpo(
+    settings,
+    init_model: str | Path,
+    run_dir: str | Path,
+    fail_at_step: int | None = None,
+    run_name: str = "grpo",
+    actors: list | None = None,
+):
     """Fit GRPO with a Ray Train TorchTrainer (gloo on CPU, NCCL on GPUs); resumes from `run_dir/checkpoints`
     if present.
 
@@ -269,28 +326,42 @@ def run_grpo(settings, init_model: str | Path, run_dir: str | Path, fail_at_step
     own_actors = actors is None
     if own_actors:
         actors = start_rollout_actors(init_model, settings)
-    config = {"settings": settings.model_dump(mode="json"), "init_model": init_model,
-              "run_dir": str(run_dir), "fail_at_step": fail_at_step, "actors": actors}
+    config = {
+        "settings": settings.model_dump(mode="json"),
+        "init_model": init_model,
+        "run_dir": str(run_dir),
+        "fail_at_step": fail_at_step,
+        "actors": actors,
+    }
     g = settings.grpo
     on_gpu = g.device == "cuda"
     trainer = TorchTrainer(
-        grpo_loop, train_loop_config=config,
+        grpo_loop,
+        train_loop_config=config,
         torch_config=torch_config(settings, run_dir),
-        scaling_config=ScalingConfig(num_workers=g.num_train_workers, use_gpu=on_gpu, resources_per_worker={
-            "CPU": 1, **({"GPU": g.gpus_per_train_worker} if on_gpu else {})}),
-        run_config=RunConfig(name=run_name, storage_path=str(run_dir / "ray_train"),
-                             failure_config=FailureConfig(max_failures=0),
-                             # Ray Train's copies of the reported checkpoints: bounded like ours (save_checkpoint)
-                             checkpoint_config=CheckpointConfig(num_to_keep=2),
-                             logging_config=ray.train.LoggingConfig(log_level="WARNING")),
+        scaling_config=ScalingConfig(
+            num_workers=g.num_train_workers,
+            use_gpu=on_gpu,
+            resources_per_worker={"CPU": 1, **({"GPU": g.gpus_per_train_worker} if on_gpu else {})},
+        ),
+        run_config=RunConfig(
+            name=run_name,
+            storage_path=str(run_dir / "ray_train"),
+            failure_config=FailureConfig(max_failures=0),
+            # Ray Train's copies of the reported checkpoints: bounded like ours (save_checkpoint)
+            checkpoint_config=CheckpointConfig(num_to_keep=2),
+            logging_config=ray.train.LoggingConfig(log_level="WARNING"),
+        ),
     )
     try:
         return trainer.fit()
     except ray.train.TrainingFailedError as e:
         failures = getattr(e, "worker_failures", {}) or {}
         first = next(iter(failures.values()), e)
-        raise RuntimeError(f"GRPO training failed on {len(failures) or 1} worker(s): {first!r}; "
-                           f"checkpoints kept in {run_dir / 'checkpoints'} (rerun to resume)") from e
+        raise RuntimeError(
+            f"GRPO training failed on {len(failures) or 1} worker(s): {first!r}; "
+            f"checkpoints kept in {run_dir / 'checkpoints'} (rerun to resume)"
+        ) from e
     finally:
         if own_actors:
             for actor in actors:

@@ -7,13 +7,22 @@ workers one all-reduce of the summed gradients per optimizer step. Called by the
 
 The departures from the textbook are in tasks/rl/train.py's docstring (the loop and its update are one design).
 """
+
 from __future__ import annotations
 
 import torch
 
 from tasks.policy.sft import demonstration_loss
-from tasks.rl.grpo import (clipped_policy_loss, engine_gap, group_advantages, has_signal, pad_batch, pad_values,
-                           sequence_token_logprobs, truncated_is_weights)
+from tasks.rl.grpo import (
+    clipped_policy_loss,
+    engine_gap,
+    group_advantages,
+    has_signal,
+    pad_batch,
+    pad_values,
+    sequence_token_logprobs,
+    truncated_is_weights,
+)
 
 
 def guard_count(grpo_settings) -> int:
@@ -69,12 +78,21 @@ def _all_reduce(tensors: list[torch.Tensor]) -> None:
     torch.distributed.all_reduce(flat)
     offset = 0
     for t in tensors:
-        t.copy_(flat[offset:offset + t.numel()].view_as(t))
+        t.copy_(flat[offset : offset + t.numel()].view_as(t))
         offset += t.numel()
 
 
-def grpo_step(model, optimizer, records: list[dict], settings, pad_id: int, ref_model=None,
-              demos: list | None = None, rank: int = 0, world: int = 1) -> dict:
+def grpo_step(
+    model,
+    optimizer,
+    records: list[dict],
+    settings,
+    pad_id: int,
+    ref_model=None,
+    demos: list | None = None,
+    rank: int = 0,
+    world: int = 1,
+) -> dict:
     """One GRPO update from a batch of rollout records; returns its metrics.
 
     Every worker gets the whole batch: advantages and the set of episodes in the loss are computed on
@@ -98,11 +116,14 @@ def grpo_step(model, optimizer, records: list[dict], settings, pad_id: int, ref_
     # the policy gradient needs a non-zero advantage; the KL acts on every episode it weighs
     signal = [has_signal(a) for a in adv]
     in_loss = [i for i in range(len(records)) if signal[i] or (kl_on and kl_coef_of(records[i]) > 0)]
-    metrics = {"reward_mean": sum(rewards) / len(rewards),
-               "success_rate": sum(r["success"] for r in records) / len(records),
-               "episodes": len(records), "episodes_trained": sum(signal),
-               "episodes_in_loss": len(in_loss),
-               "completion_tokens": sum(r["completion_tokens"] for r in records)}
+    metrics = {
+        "reward_mean": sum(rewards) / len(rewards),
+        "success_rate": sum(r["success"] for r in records) / len(records),
+        "episodes": len(records),
+        "episodes_trained": sum(signal),
+        "episodes_in_loss": len(in_loss),
+        "completion_tokens": sum(r["completion_tokens"] for r in records),
+    }
     if not in_loss:
         metrics.update(loss=0.0, grad_norm=0.0, trained_tokens=0)
         return metrics
@@ -122,15 +143,18 @@ def grpo_step(model, optimizer, records: list[dict], settings, pad_id: int, ref_
             seqs = [records[i]["prompt_ids"] + records[i]["completion_ids"] for i in mb]
             masks = [[0] * len(records[i]["prompt_ids"]) + records[i]["completion_mask"] for i in mb]
             ids, attn, loss_mask = pad_batch(seqs, masks, pad_id, device)
-            engine = pad_values([[0.0] * len(records[i]["prompt_ids"]) + records[i]["logprobs"] for i in mb],
-                                ids.shape[1], device)
+            engine = pad_values(
+                [[0.0] * len(records[i]["prompt_ids"]) + records[i]["logprobs"] for i in mb], ids.shape[1], device
+            )
             with torch.no_grad():
                 # one optimizer step per batch: the policy that sampled is the one being trained, so the "old"
                 # log-probabilities are the training forward's own, detached (ratio 1, the gradient of the
                 # surrogate unchanged); a separate pass is needed only when earlier minibatches move the weights
                 old = sequence_token_logprobs(model, ids, attn, temperature) if g.minibatches > 1 else None
                 ref = sequence_token_logprobs(ref_model, ids, attn, temperature) if kl_on else None
-            kl = torch.tensor([kl_coef_of(records[i]) if kl_on else 0.0 for i in mb], dtype=torch.float32, device=device)
+            kl = torch.tensor(
+                [kl_coef_of(records[i]) if kl_on else 0.0 for i in mb], dtype=torch.float32, device=device
+            )
             a = torch.tensor([adv[i] for i in mb], dtype=torch.float32, device=device)
             batches.append((ids, attn, loss_mask, old, ref, a, kl, engine))
         plan.append((pg_tokens, kl_tokens, batches))
@@ -142,8 +166,20 @@ def grpo_step(model, optimizer, records: list[dict], settings, pad_id: int, ref_
     params = [p for p in model.parameters() if p.requires_grad]
     model.train()
     # token sums over the whole update: loss, kl, ratio, clips, engine gap, demo NLL
-    names = ["loss", "pg_tokens", "kl_tokens", "kl_sum", "ratio_sum", "clip_low", "clip_high",
-             "gap_tokens", "gap_abs_sum", "gap_k3_sum", "gap_abs_max", "demo_nll"]
+    names = [
+        "loss",
+        "pg_tokens",
+        "kl_tokens",
+        "kl_sum",
+        "ratio_sum",
+        "clip_low",
+        "clip_high",
+        "gap_tokens",
+        "gap_abs_sum",
+        "gap_k3_sum",
+        "gap_abs_max",
+        "demo_nll",
+    ]
     sums = dict.fromkeys(names, 0.0)
     norms = []
     for pg_tokens, kl_tokens, batches in plan:
@@ -153,8 +189,19 @@ def grpo_step(model, optimizer, records: list[dict], settings, pad_id: int, ref_
             old = logp.detach() if old is None else old
             # the loss mask is exactly the tokens the engine sampled, whose log-probabilities it reported
             weights = truncated_is_weights(old, engine, loss_mask, g.engine_is_cap) if g.engine_is_cap else None
-            loss, stats = clipped_policy_loss(logp, old, a, loss_mask, g.eps_low, g.eps_high, ref, kl,
-                                              pg_tokens=pg_tokens, kl_tokens=kl_tokens, is_weights=weights)
+            loss, stats = clipped_policy_loss(
+                logp,
+                old,
+                a,
+                loss_mask,
+                g.eps_low,
+                g.eps_high,
+                ref,
+                kl,
+                pg_tokens=pg_tokens,
+                kl_tokens=kl_tokens,
+                is_weights=weights,
+            )
             loss.backward()
             gap = engine_gap(old, engine, loss_mask)
             sums["loss"] += loss.item()
@@ -185,13 +232,21 @@ def grpo_step(model, optimizer, records: list[dict], settings, pad_id: int, ref_
     n_pg, n_kl, n_gap = max(sums["pg_tokens"], 1.0), max(sums["kl_tokens"], 1.0), max(sums["gap_tokens"], 1.0)
     one_step = g.minibatches == 1  # the ratio is exactly 1: the clip cannot bind, its counts mean nothing
     metrics.update(
-        loss=sums["loss"] / g.minibatches, grad_norm=max(norms), micro_batches=sum(len(b) for _, _, b in plan),
+        loss=sums["loss"] / g.minibatches,
+        grad_norm=max(norms),
+        micro_batches=sum(len(b) for _, _, b in plan),
         trained_tokens=int(sum(_completion_tokens(records[i]) for i in in_loss)),
-        kl=sums["kl_sum"] / n_kl if kl_on else None, ratio_mean=sums["ratio_sum"] / n_pg,
+        kl=sums["kl_sum"] / n_kl if kl_on else None,
+        ratio_mean=sums["ratio_sum"] / n_pg,
         clip_low_fraction=None if one_step else sums["clip_low"] / n_pg,
         clip_high_fraction=None if one_step else sums["clip_high"] / n_pg,
-        engine_logp_gap_mean=sums["gap_abs_sum"] / n_gap, engine_logp_gap_max=sums["gap_abs_max"],
-        engine_k3=sums["gap_k3_sum"] / n_gap, pg_tokens=int(sums["pg_tokens"]), kl_tokens=int(sums["kl_tokens"]), engine_tokens=int(sums["gap_tokens"]))
+        engine_logp_gap_mean=sums["gap_abs_sum"] / n_gap,
+        engine_logp_gap_max=sums["gap_abs_max"],
+        engine_k3=sums["gap_k3_sum"] / n_gap,
+        pg_tokens=int(sums["pg_tokens"]),
+        kl_tokens=int(sums["kl_tokens"]),
+        engine_tokens=int(sums["gap_tokens"]),
+    )
     if my_demos is not None:
         metrics["demo_nll"] = sums["demo_nll"]
     return metrics

@@ -21,6 +21,7 @@ each data-parallel index 0), so `ActorGroupClient` gives each engine its own `ra
 The other path (`rollout.weight_sync: object_store`) puts the state dict into the Ray object store once
 and every engine reloads it with `collective_rpc("reload_weights")`; `bench/rl_step.py` times both.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -45,8 +46,9 @@ class GlooGroup:
 
         self.rank, self.world_size = rank, world_size
         self._store = store  # the master's store must outlive the group
-        self._pg = dist.ProcessGroupGloo(dist.PrefixStore("evergreen-weights", store), rank, world_size,
-                                         datetime.timedelta(seconds=timeout_s))
+        self._pg = dist.ProcessGroupGloo(
+            dist.PrefixStore("evergreen-weights", store), rank, world_size, datetime.timedelta(seconds=timeout_s)
+        )
 
     def broadcast(self, tensor: torch.Tensor, src: int = 0, stream=None) -> None:
         import torch.distributed as dist
@@ -74,8 +76,15 @@ def open_store(host: str, port: int, world_size: int, is_master: bool, timeout_s
     listener.bind((host, port))
     listener.listen(128)
     port = listener.getsockname()[1]
-    return dist.TCPStore(host, port, world_size, is_master=True, wait_for_workers=False, timeout=timeout,
-                         master_listen_fd=listener.detach())
+    return dist.TCPStore(
+        host,
+        port,
+        world_size,
+        is_master=True,
+        wait_for_workers=False,
+        timeout=timeout,
+        master_listen_fd=listener.detach(),
+    )
 
 
 def _numel(shape: list[int]) -> int:
@@ -136,8 +145,9 @@ def _register_gloo() -> None:
         def init_transfer_engine(self, init_info) -> None:
             p = self.parallel_config
             rank = init_info.rank_offset + p.data_parallel_index * p.world_size + p.rank
-            store = open_store(init_info.master_address, init_info.master_port, init_info.world_size, False,
-                               init_info.timeout_s)
+            store = open_store(
+                init_info.master_address, init_info.master_port, init_info.world_size, False, init_info.timeout_s
+            )
             self.model_update_group = GlooGroup(store, rank, init_info.world_size, init_info.timeout_s)
 
         def update_weights(self, update_info: dict[str, Any]) -> None:
@@ -153,8 +163,9 @@ def _register_gloo() -> None:
             for dtype, entries in layout.items():
                 flat = torch.empty(totals[dtype], dtype=dtype)
                 self.model_update_group.broadcast(flat, src=0)
-                self.model.load_weights([(name, flat[off:off + _numel(shape)].view(shape))
-                                         for name, off, shape in entries])
+                self.model.load_weights(
+                    [(name, flat[off : off + _numel(shape)].view(shape)) for name, off, shape in entries]
+                )
 
     class GlooTrainerWeightTransferEngine(NCCLTrainerWeightTransferEngine):
         """Trainer side: the NCCL trainer engine's round trip (start, receive while broadcasting, finish)."""
@@ -170,8 +181,13 @@ def _register_gloo() -> None:
                 return engine
             # the store listens first, on a port the OS picks, so no port is guessed or raced for
             store = open_store(init_info.master_address, 0, init_info.world_size, True, init_info.timeout_s)
-            worker_info = {"master_address": init_info.master_address, "master_port": store.port, "rank_offset": 1,
-                           "world_size": init_info.world_size, "timeout_s": init_info.timeout_s}
+            worker_info = {
+                "master_address": init_info.master_address,
+                "master_port": store.port,
+                "rank_offset": 1,
+                "world_size": init_info.world_size,
+                "timeout_s": init_info.timeout_s,
+            }
             # the engines block in their group's rendezvous until the trainer joins it: start them first
             with ThreadPoolExecutor(max_workers=1) as pool:
                 joined = pool.submit(client.init_weight_transfer_engine, worker_info)
@@ -185,8 +201,9 @@ def _register_gloo() -> None:
                     pass
                 return
             tensors = dict(self._checked_iter(source, meta))
-            layout, totals = _flat_layout([m.name for m in meta], [m.dtype for m in meta],
-                                          [list(m.shape) for m in meta])
+            layout, totals = _flat_layout(
+                [m.name for m in meta], [m.dtype for m in meta], [list(m.shape) for m in meta]
+            )
             for dtype, entries in layout.items():
                 flat = torch.cat([tensors[name].reshape(-1) for name, _, _ in entries])
                 self.model_update_group.broadcast(flat, src=0)
@@ -243,8 +260,10 @@ class ActorGroupClient:
         if "rank_offset" not in init_info:  # no process group to join (ipc): every engine gets the same
             self._all("init_weight_transfer", init_info)
             return
-        self._call_all("init_weight_transfer", [({**init_info, "rank_offset": init_info["rank_offset"] + i},)
-                                                for i in range(len(self.actors))])
+        self._call_all(
+            "init_weight_transfer",
+            [({**init_info, "rank_offset": init_info["rank_offset"] + i},) for i in range(len(self.actors))],
+        )
 
     def start_weight_update(self) -> None:
         self._all("start_weight_update")
@@ -272,8 +291,14 @@ class CollectiveWeightSync:
     """Trainer side of the collective path: one group with the given actors' engines, one broadcast per
     round. `close()` releases the group (the engines keep serving); a changed actor set needs a new one."""
 
-    def __init__(self, actors: list, backend: str, host: str, timeout_s: float = 300.0,
-                 client_cls: type[ActorGroupClient] = ActorGroupClient):
+    def __init__(
+        self,
+        actors: list,
+        backend: str,
+        host: str,
+        timeout_s: float = 300.0,
+        client_cls: type[ActorGroupClient] = ActorGroupClient,
+    ):
         self.client = client_cls(actors)
         self.source = StateDictSource()
         self.backend, self.host, self.timeout_s = backend, host, timeout_s
@@ -294,14 +319,17 @@ class CollectiveWeightSync:
         else:
             _register_gloo()
             info = WeightTransferTrainerFactory._registry[GLOO]().init_info_cls(
-                master_address=host, world_size=world, timeout_s=timeout_s, rank=0)
+                master_address=host, world_size=world, timeout_s=timeout_s, rank=0
+            )
         self.engine = WeightTransferTrainerFactory.trainer_init(info, client=self.client, source=self.source)
 
     def send(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         if self.backend != GLOO and not all(t.is_cuda for t in state_dict.values()):
-            raise ValueError(f"rollout.weight_transfer_backend={self.backend} sends CUDA tensors: the trainer's weights "
-                             "are on the CPU here; train on a GPU (grpo.gpus_per_train_worker > 0), or use "
-                             "weight_transfer_backend=gloo")
+            raise ValueError(
+                f"rollout.weight_transfer_backend={self.backend} sends CUDA tensors: the trainer's weights "
+                "are on the CPU here; train on a GPU (grpo.gpus_per_train_worker > 0), or use "
+                "weight_transfer_backend=gloo"
+            )
         self.source.update(state_dict)
         self.client.version = version
         if self.engine is None:

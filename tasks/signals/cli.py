@@ -12,6 +12,7 @@ REF and CUR are ingest outputs (a directory with stats.json) or trace inputs, wh
 first (into DIR/ingest_reference and DIR/ingest_current beside --out, else a temporary directory).
 Exit status: 0, or 1 when a window fails validation (its summary is still printed), 2 on bad arguments.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,8 +25,12 @@ from pathlib import Path
 
 def add_parsers(sub) -> None:
     p = sub.add_parser("ingest", help="validate a window of production traces; quarantine bad rows")
-    p.add_argument("--input", required=True, help="a JSONL(.gz) file, a directory, an s3:// prefix, "
-                   "mlflow:EXPERIMENT (MLflow traces) or otel:FILE.json (OTLP JSON GenAI spans)")
+    p.add_argument(
+        "--input",
+        required=True,
+        help="a JSONL(.gz) file, a directory, an s3:// prefix, "
+        "mlflow:EXPERIMENT (MLflow traces) or otel:FILE.json (OTLP JSON GenAI spans)",
+    )
     p.add_argument("--output", required=True)
     p.add_argument("--window", help="START/END (RFC 3339 or dates) or one date; default: everything")
     p = sub.add_parser("drift", help="drift tests between a reference and a current window")
@@ -33,8 +38,11 @@ def add_parsers(sub) -> None:
     p.add_argument("--current", required=True)
     p.add_argument("--reference-window")
     p.add_argument("--current-window")
-    p.add_argument("--reference-days", type=int,
-                   help="reference = the N days before the current window's start (same input if --reference is omitted)")
+    p.add_argument(
+        "--reference-days",
+        type=int,
+        help="reference = the N days before the current window's start (same input if --reference is omitted)",
+    )
     p.add_argument("--out", help="also write the report (JSON) here")
     p = sub.add_parser("monitor", help="ingest a window, drift against the days before it, diff the toolsets")
     p.add_argument("--input", required=True)
@@ -87,8 +95,19 @@ def run(args, settings) -> int:
         elif args.command == "monitor":
             from tasks.signals.monitor import check_production
 
-            print(json.dumps(check_production(settings, args.input, args.output, Window.parse(args.window),
-                                              champion=args.champion, toolset=args.toolset, reference=args.reference)))
+            print(
+                json.dumps(
+                    check_production(
+                        settings,
+                        args.input,
+                        args.output,
+                        Window.parse(args.window),
+                        champion=args.champion,
+                        toolset=args.toolset,
+                        reference=args.reference,
+                    )
+                )
+            )
         elif args.command == "tooldiff":
             from tasks.signals.tooldiff import diff_toolsets
 
@@ -100,8 +119,21 @@ def run(args, settings) -> int:
             schedule = [(span.start, args.from_toolset)]
             if args.change_at:
                 schedule.append((Window.parse(f"{args.change_at}/").start, args.to_toolset))
-            print(json.dumps(simulate_traces(args.out, span.start, span.end, args.traces, schedule, policy=args.policy,
-                                             settings=settings, malformed_share=args.malformed_share, seed=args.seed)))
+            print(
+                json.dumps(
+                    simulate_traces(
+                        args.out,
+                        span.start,
+                        span.end,
+                        args.traces,
+                        schedule,
+                        policy=args.policy,
+                        settings=settings,
+                        malformed_share=args.malformed_share,
+                        seed=args.seed,
+                    )
+                )
+            )
     except BatchValidationError as e:
         summary = getattr(e, "summary", None)
         if summary:
@@ -120,13 +152,15 @@ def _drift(args, settings) -> dict:
     from tasks.signals.traces import Window
 
     current_window = Window.parse(args.current_window)
-    reference_window = current_window.days_before(args.reference_days) if args.reference_days \
-        else Window.parse(args.reference_window)
+    reference_window = (
+        current_window.days_before(args.reference_days) if args.reference_days else Window.parse(args.reference_window)
+    )
     if not args.reference and not args.reference_days:
         raise ValueError("give --reference, or --reference-days N to compare with the N days before --current-window")
     base = Path(args.out).parent if args.out else Path(tempfile.mkdtemp(prefix="evergreen-drift-"))
-    reference, _ = window_stats(args.reference or args.current, base / "ingest_reference", settings, reference_window,
-                                docs=False)
+    reference, _ = window_stats(
+        args.reference or args.current, base / "ingest_reference", settings, reference_window, docs=False
+    )
     current, _ = window_stats(args.current, base / "ingest_current", settings, current_window, docs=False)
     report = compare(reference, current, settings.drift).to_dict()
     report["computed_at"] = datetime.now(timezone.utc).isoformat()

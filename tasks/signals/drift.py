@@ -34,17 +34,24 @@ asymptotic KS p-value, the PSI's epsilon):
   'insufficient_data' for its tests (they leave the family); a workload new in the current window is also
   named in `reasons` and `new_workloads`, but does not by itself make `drifted` true.
 """
+
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import asdict, dataclass, field, fields
 
-from tasks.signals.significance import (bonferroni_adjusted, chi2_and_psi, holm_adjusted, ks_from_counts,
-                                        two_proportion_test, wasserstein_from_counts)
+from tasks.signals.significance import (
+    bonferroni_adjusted,
+    chi2_and_psi,
+    holm_adjusted,
+    ks_from_counts,
+    two_proportion_test,
+    wasserstein_from_counts,
+)
 from tasks.signals.windowstats import WindowStats, WorkloadStats
 
 STATISTICS = ("success_rate", "tool_error_rate", "prompt_tokens", "turns", "tool_calls", "tool_names")
-EFFECT_FLOOR = 0.5          # share of the configured minimum effect an observed effect must reach
+EFFECT_FLOOR = 0.5  # share of the configured minimum effect an observed effect must reach
 
 
 @dataclass
@@ -75,22 +82,39 @@ class DriftReport:
         raise KeyError(f"no test of {statistic!r} for workload {workload!r} in this report")
 
 
-_TEST_NAMES = {"success_rate": "two_proportion_z", "tool_error_rate": "two_proportion_z",
-               "prompt_tokens": "ks_2samp", "turns": "ks_2samp", "tool_calls": "ks_2samp",
-               "tool_names": "chi2_homogeneity"}
+_TEST_NAMES = {
+    "success_rate": "two_proportion_z",
+    "tool_error_rate": "two_proportion_z",
+    "prompt_tokens": "ks_2samp",
+    "turns": "ks_2samp",
+    "tool_calls": "ks_2samp",
+    "tool_names": "chi2_homogeneity",
+}
 
 
 def _min_effect(statistic: str, s) -> float:
-    return {"success_rate": s.min_success_diff, "tool_error_rate": s.min_tool_error_diff,
-            "tool_names": s.min_psi}.get(statistic, s.min_ks)
+    return {"success_rate": s.min_success_diff, "tool_error_rate": s.min_tool_error_diff, "tool_names": s.min_psi}.get(
+        statistic, s.min_ks
+    )
 
 
 def _row(workload, statistic, s, n_ref, n_cur) -> dict:
-    return {"workload": workload, "statistic": statistic, "test": _TEST_NAMES[statistic], "value": None,
-            "p_value": None, "p_adjusted": None, "effect": None,
-            "effect_threshold": EFFECT_FLOOR * _min_effect(statistic, s), "alpha": s.alpha,
-            "n_reference": n_ref, "n_current": n_cur, "verdict": "insufficient_data", "reason": "",
-            "detail": {}}
+    return {
+        "workload": workload,
+        "statistic": statistic,
+        "test": _TEST_NAMES[statistic],
+        "value": None,
+        "p_value": None,
+        "p_adjusted": None,
+        "effect": None,
+        "effect_threshold": EFFECT_FLOOR * _min_effect(statistic, s),
+        "alpha": s.alpha,
+        "n_reference": n_ref,
+        "n_current": n_cur,
+        "verdict": "insufficient_data",
+        "reason": "",
+        "detail": {},
+    }
 
 
 def _rate_test(row: dict, x1: int, n1: int, x2: int, n2: int) -> None:
@@ -105,9 +129,16 @@ def _mean(c: Counter) -> float:
 
 def _ks_test(row: dict, ref: Counter, cur: Counter) -> None:
     d, p = ks_from_counts(ref, cur)
-    row.update(value=d, p_value=p, effect=d,
-               detail={"mean_reference": _mean(ref), "mean_current": _mean(cur),
-                       "wasserstein": wasserstein_from_counts(ref, cur)})
+    row.update(
+        value=d,
+        p_value=p,
+        effect=d,
+        detail={
+            "mean_reference": _mean(ref),
+            "mean_current": _mean(cur),
+            "wasserstein": wasserstein_from_counts(ref, cur),
+        },
+    )
 
 
 def _names_test(row: dict, ref: Counter, cur: Counter) -> None:
@@ -119,17 +150,25 @@ def _names_test(row: dict, ref: Counter, cur: Counter) -> None:
     n1, n2 = sum(ref.values()), sum(cur.values())
     # the tool whose share moved most, for the reason line
     top = max(set(ref) | set(cur), key=lambda k: abs(cur.get(k, 0) / n2 - ref.get(k, 0) / n1))
-    row.update(value=chi2, p_value=p, effect=psi,
-               detail={"largest_change": top, "reference": ref.get(top, 0) / n1, "current": cur.get(top, 0) / n2})
+    row.update(
+        value=chi2,
+        p_value=p,
+        effect=psi,
+        detail={"largest_change": top, "reference": ref.get(top, 0) / n1, "current": cur.get(top, 0) / n2},
+    )
 
 
 def _workload_tests(name: str, ref: WorkloadStats | None, cur: WorkloadStats | None, s) -> list[dict]:
     n_ref, n_cur = (ref.n if ref else 0), (cur.n if cur else 0)
     rows = [_row(name, stat, s, n_ref, n_cur) for stat in STATISTICS]
     if ref is None or cur is None or min(n_ref, n_cur) < s.min_samples:
-        why = ("new workload: absent from the reference window" if ref is None
-               else "absent from the current window" if cur is None
-               else f"{n_ref} reference / {n_cur} current traces, fewer than min_samples={s.min_samples}")
+        why = (
+            "new workload: absent from the reference window"
+            if ref is None
+            else "absent from the current window"
+            if cur is None
+            else f"{n_ref} reference / {n_cur} current traces, fewer than min_samples={s.min_samples}"
+        )
         for row in rows:
             row["reason"] = why
         return rows
@@ -146,13 +185,18 @@ def _finding(row: dict) -> str:
     w, stat, d, p = row["workload"], row["statistic"], row["detail"], row["p_adjusted"]
     if stat in ("success_rate", "tool_error_rate"):
         label = "success rate" if stat == "success_rate" else "share of traces with tool errors"
-        return (f"{w}: {label} {d['reference']:.2f} -> {d['current']:.2f} "
-                f"({d['current'] - d['reference']:+.2f}, p={p:.1g})")
+        return (
+            f"{w}: {label} {d['reference']:.2f} -> {d['current']:.2f} ({d['current'] - d['reference']:+.2f}, p={p:.1g})"
+        )
     if stat == "tool_names":
-        return (f"{w}: tool-name mix changed (PSI={row['effect']:.2f}, p={p:.1g}; largest change "
-                f"{d['largest_change']} {d['reference']:.2f} -> {d['current']:.2f})")
-    return (f"{w}: {stat.replace('_', ' ')} distribution shifted (KS D={row['effect']:.2f}, "
-            f"mean {d['mean_reference']:.3g} -> {d['mean_current']:.3g}, p={p:.1g})")
+        return (
+            f"{w}: tool-name mix changed (PSI={row['effect']:.2f}, p={p:.1g}; largest change "
+            f"{d['largest_change']} {d['reference']:.2f} -> {d['current']:.2f})"
+        )
+    return (
+        f"{w}: {stat.replace('_', ' ')} distribution shifted (KS D={row['effect']:.2f}, "
+        f"mean {d['mean_reference']:.3g} -> {d['mean_current']:.3g}, p={p:.1g})"
+    )
 
 
 def _decide(rows: list[dict], s) -> None:
@@ -164,10 +208,13 @@ def _decide(rows: list[dict], s) -> None:
         # tolerance: an effect computed as 0.8 - 0.775 must count as the 0.025 it is
         large = row["effect"] >= row["effect_threshold"] - 1e-12
         row["verdict"] = "drift" if significant and large else "no_drift"
-        row["reason"] = (_finding(row) if row["verdict"] == "drift"
-                         else f"effect {row['effect']:.3g} below floor {row['effect_threshold']:.3g} "
-                              f"(p_adj={q:.2g})" if significant
-                         else f"p_adj={q:.2g} >= alpha={s.alpha}")
+        row["reason"] = (
+            _finding(row)
+            if row["verdict"] == "drift"
+            else f"effect {row['effect']:.3g} below floor {row['effect_threshold']:.3g} (p_adj={q:.2g})"
+            if significant
+            else f"p_adj={q:.2g} >= alpha={s.alpha}"
+        )
 
 
 def _summary(rows: list[dict], reasons: list[str], s) -> str:
@@ -181,13 +228,17 @@ def _summary(rows: list[dict], reasons: list[str], s) -> str:
 def compare(reference: WindowStats, current: WindowStats, settings=None) -> DriftReport:
     """Six tests per workload in either window, one correction over all of them, verdicts and reasons."""
     if settings is None:
-        from tasks.config import DriftSettings     # pydantic import only when needed
+        from tasks.config import DriftSettings  # pydantic import only when needed
+
         settings = DriftSettings()
     names = sorted(set(reference.workloads) | set(current.workloads))
-    rows = [row for name in names
-            for row in _workload_tests(name, reference.workloads.get(name), current.workloads.get(name), settings)]
+    rows = [
+        row
+        for name in names
+        for row in _workload_tests(name, reference.workloads.get(name), current.workloads.get(name), settings)
+    ]
     _decide(rows, settings)
-    for row in rows:            # JSON-clean: plain floats
+    for row in rows:  # JSON-clean: plain floats
         for k in ("value", "p_value", "p_adjusted", "effect"):
             if row[k] is not None:
                 row[k] = float(row[k])
@@ -196,6 +247,12 @@ def compare(reference: WindowStats, current: WindowStats, settings=None) -> Drif
     reasons = [f"new workload {n} ({current.workloads[n].n} traces)" for n in new]
     reasons += [f"workload {n} absent from the current window" for n in vanished]
     reasons += [r["reason"] for r in rows if r["verdict"] == "drift"]
-    return DriftReport(drifted=any(r["verdict"] == "drift" for r in rows), reasons=reasons, tests=rows,
-                       summary=_summary(rows, reasons, settings), settings=settings.model_dump(),
-                       new_workloads=new, vanished_workloads=vanished)
+    return DriftReport(
+        drifted=any(r["verdict"] == "drift" for r in rows),
+        reasons=reasons,
+        tests=rows,
+        summary=_summary(rows, reasons, settings),
+        settings=settings.model_dump(),
+        new_workloads=new,
+        vanished_workloads=vanished,
+    )

@@ -27,6 +27,7 @@ Output under DIR: accepted/part-00000.jsonl (the accepted lines, byte for byte),
 rows), validation.json (every chunk's and the window's expectations with observed values), gx_docs/
 (GX data docs: the window suites and the first five chunks, each rendering costs ~0.3 s), summary.json.
 """
+
 from __future__ import annotations
 
 import base64
@@ -113,8 +114,14 @@ def _quarantine_line(source: str, line_no: int, reason: str, raw: bytes) -> byte
     return json.dumps(entry, ensure_ascii=False).encode("utf-8")
 
 
-def ingest(source: str | Path, output_dir: str | Path, ingest_settings, window: Window | None = None,
-           now: datetime | None = None, docs: bool = True) -> dict:
+def ingest(
+    source: str | Path,
+    output_dir: str | Path,
+    ingest_settings,
+    window: Window | None = None,
+    now: datetime | None = None,
+    docs: bool = True,
+) -> dict:
     """Stream, validate and split one window of traces; returns the summary (also DIR/summary.json).
 
     Raises BatchValidationError (after writing everything) when the window fails a batch expectation.
@@ -131,11 +138,16 @@ def ingest(source: str | Path, output_dir: str | Path, ingest_settings, window: 
     started = time.perf_counter()
     validator = Validator(out / "gx_docs" if docs else None)
     parser = RowParser(cfg.max_line_bytes)
-    accepted, quarantined = _Writer(out / "accepted" / "part-00000.jsonl"), _Writer(out / "quarantine" / "part-00000.jsonl")
+    accepted, quarantined = (
+        _Writer(out / "accepted" / "part-00000.jsonl"),
+        _Writer(out / "quarantine" / "part-00000.jsonl"),
+    )
     stats, seen = WindowStats(), _Seen()
     # an open start is far in the past (not 1970: older rows are rows too); GX needs a number
-    params = {"window_start": window.start.timestamp() if window.start else -1e15,
-              "future_limit": now.timestamp() + cfg.future_tolerance_s}
+    params = {
+        "window_start": window.start.timestamp() if window.start else -1e15,
+        "future_limit": now.timestamp() + cfg.future_tolerance_s,
+    }
     start_ts = params["window_start"]
     end_ts = window.end.timestamp() if window.end else float("inf")
     counts = {"rows_read": 0, "rows_outside_window": 0, "blank_lines": 0}
@@ -143,13 +155,19 @@ def ingest(source: str | Path, output_dir: str | Path, ingest_settings, window: 
     chunk: list = []
 
     def flush_chunk():
-        report = _validate_chunk(chunk, seen, validator, params, accepted, quarantined, stats,
-                                 docs=docs and len(chunk_reports) < 5)
+        report = _validate_chunk(
+            chunk, seen, validator, params, accepted, quarantined, stats, docs=docs and len(chunk_reports) < 5
+        )
         chunk_reports.append(report)
         chunk.clear()
         _trim_heap()
-        log.info("ingest: %d rows read, %d accepted, %d quarantined (%.0f rows/s)", counts["rows_read"],
-                 accepted.rows, quarantined.rows, counts["rows_read"] / max(time.perf_counter() - started, 1e-9))
+        log.info(
+            "ingest: %d rows read, %d accepted, %d quarantined (%.0f rows/s)",
+            counts["rows_read"],
+            accepted.rows,
+            quarantined.rows,
+            counts["rows_read"] / max(time.perf_counter() - started, 1e-9),
+        )
 
     try:
         for uri in files:
@@ -175,8 +193,21 @@ def ingest(source: str | Path, output_dir: str | Path, ingest_settings, window: 
     finally:
         accepted.close()
         quarantined.close()
-    return _finish_window(out, source, window, files, counts, accepted.rows, quarantined.rows, stats,
-                          chunk_reports, validator, cfg, time.perf_counter() - started, docs)
+    return _finish_window(
+        out,
+        source,
+        window,
+        files,
+        counts,
+        accepted.rows,
+        quarantined.rows,
+        stats,
+        chunk_reports,
+        validator,
+        cfg,
+        time.perf_counter() - started,
+        docs,
+    )
 
 
 def _validate_chunk(chunk, seen: _Seen, validator, params, accepted, quarantined, stats, docs: bool) -> dict:
@@ -206,40 +237,99 @@ def _validate_chunk(chunk, seen: _Seen, validator, params, accepted, quarantined
             quarantined.write(_quarantine_line(uri, line_no, reason, raw))
             continue
         accepted.write(raw)
-        add(flat[1], success=success, tool_errors=flat[5], prompt_tokens=flat[3], turns=turns,
-            tool_calls=flat[6], tool_names=names)
-    return {"rows": len(chunk), "duplicates": duplicates, "failed_rows": len(failed),
-            "expectations": [e.to_dict() for e in result.expectations if not e.success]}
+        add(
+            flat[1],
+            success=success,
+            tool_errors=flat[5],
+            prompt_tokens=flat[3],
+            turns=turns,
+            tool_calls=flat[6],
+            tool_names=names,
+        )
+    return {
+        "rows": len(chunk),
+        "duplicates": duplicates,
+        "failed_rows": len(failed),
+        "expectations": [e.to_dict() for e in result.expectations if not e.success],
+    }
 
 
-def _finish_window(out: Path, source, window, files, counts, n_accepted, n_quarantined, stats, chunk_reports,
-                   validator, cfg, seconds, docs) -> dict:
+def _finish_window(
+    out: Path,
+    source,
+    window,
+    files,
+    counts,
+    n_accepted,
+    n_quarantined,
+    stats,
+    chunk_reports,
+    validator,
+    cfg,
+    seconds,
+    docs,
+) -> dict:
     import pandas as pd
 
     from tasks.data.validation import BatchValidationError
 
     if counts["rows_read"] != n_accepted + n_quarantined:  # an invariant: a broken one is a bug here, not bad data
-        raise IngestError(f"row counts do not reconcile: read {counts['rows_read']}, accepted {n_accepted}, "
-                          f"quarantined {n_quarantined}")
+        raise IngestError(
+            f"row counts do not reconcile: read {counts['rows_read']}, accepted {n_accepted}, "
+            f"quarantined {n_quarantined}"
+        )
     share = n_quarantined / counts["rows_read"] if counts["rows_read"] else 0.0
-    window_frame = pd.DataFrame([{"rows_read": counts["rows_read"], "rows_accepted": n_accepted,
-                                  "rows_quarantined": n_quarantined, "quarantined_share": share}])
+    window_frame = pd.DataFrame(
+        [
+            {
+                "rows_read": counts["rows_read"],
+                "rows_accepted": n_accepted,
+                "rows_quarantined": n_quarantined,
+                "quarantined_share": share,
+            }
+        ]
+    )
     workloads = pd.DataFrame({"workload": sorted(stats.workloads)}, dtype=object)
-    batch = [validator.validate("traces_window", window_frame, {"max_quarantine_share": cfg.max_quarantine_share}, docs=docs),
-             validator.validate("traces_workloads", workloads, {"required_workloads": list(cfg.required_workloads)}, docs=docs)]
+    batch = [
+        validator.validate(
+            "traces_window", window_frame, {"max_quarantine_share": cfg.max_quarantine_share}, docs=docs
+        ),
+        validator.validate(
+            "traces_workloads", workloads, {"required_workloads": list(cfg.required_workloads)}, docs=docs
+        ),
+    ]
     storage.write_bytes(out / "stats.json", json.dumps(stats.to_dict()).encode())
     verdict = "passed" if all(b.success for b in batch) else "failed"
-    summary = {"source": str(source), "window": str(window), "files": len(files), **counts,
-               "rows_accepted": n_accepted, "rows_quarantined": n_quarantined, "quarantined_share": round(share, 6),
-               "workloads": {w: s.n for w, s in sorted(stats.workloads.items())}, "verdict": verdict,
-               "failed_expectations": [e.message for b in batch for e in b.expectations if not e.success],
-               "seconds": round(seconds, 3), "rows_per_s": round(counts["rows_read"] / max(seconds, 1e-9), 1),
-               "output": str(out), "data_docs": str(validator.docs_index() or "")}
-    storage.write_bytes(out / "validation.json", json.dumps(
-        {"chunks": chunk_reports, "batch": [b.to_dict() for b in batch]}, indent=1, default=str).encode())
+    summary = {
+        "source": str(source),
+        "window": str(window),
+        "files": len(files),
+        **counts,
+        "rows_accepted": n_accepted,
+        "rows_quarantined": n_quarantined,
+        "quarantined_share": round(share, 6),
+        "workloads": {w: s.n for w, s in sorted(stats.workloads.items())},
+        "verdict": verdict,
+        "failed_expectations": [e.message for b in batch for e in b.expectations if not e.success],
+        "seconds": round(seconds, 3),
+        "rows_per_s": round(counts["rows_read"] / max(seconds, 1e-9), 1),
+        "output": str(out),
+        "data_docs": str(validator.docs_index() or ""),
+    }
+    storage.write_bytes(
+        out / "validation.json",
+        json.dumps({"chunks": chunk_reports, "batch": [b.to_dict() for b in batch]}, indent=1, default=str).encode(),
+    )
     storage.write_bytes(out / "summary.json", json.dumps(summary, indent=1).encode())
-    log.info("ingest %s: %s (%d read = %d accepted + %d quarantined; %d outside the window)", source, verdict,
-             counts["rows_read"], n_accepted, n_quarantined, counts["rows_outside_window"])
+    log.info(
+        "ingest %s: %s (%d read = %d accepted + %d quarantined; %d outside the window)",
+        source,
+        verdict,
+        counts["rows_read"],
+        n_accepted,
+        n_quarantined,
+        counts["rows_outside_window"],
+    )
     failures = [e.to_dict() for b in batch for e in b.expectations if not e.success]
     if failures:
         error = BatchValidationError("+".join(b.suite for b in batch if not b.success), failures)

@@ -12,6 +12,7 @@ fires or the toolset in production has a breaking change against the one the cha
 for. Everything lands under OUTPUT: current/ and reference/ (ingest outputs with quarantine and GX
 data docs), drift_report.json, tooldiff.json and signals.json (this function's result).
 """
+
 from __future__ import annotations
 
 import json
@@ -39,16 +40,18 @@ def window_stats(source, out: Path, settings, window: Window, docs: bool = True)
     return WindowStats.from_dict(json.loads((stats_dir / "stats.json").read_text())), summary
 
 
-def check_production(settings, source, output_dir, window: Window, champion: str | Path | None = None,
-                     toolset=None, reference=None) -> dict:
+def check_production(
+    settings, source, output_dir, window: Window, champion: str | Path | None = None, toolset=None, reference=None
+) -> dict:
     """Ingest + drift + tool diff for one window; returns (and writes) the verdict with its reasons.
 
     `toolset`: the one in production now, any source of tasks.envs.toolset.load_toolset (a version is one
     of `settings.env.name`'s shipped toolsets)."""
     out = Path(output_dir)
     if window.start is None and reference is None:
-        raise ValueError("the current window needs a start (the reference is the days before it), "
-                         "or pass an explicit reference")
+        raise ValueError(
+            "the current window needs a start (the reference is the days before it), or pass an explicit reference"
+        )
     ref_window = window.days_before(settings.drift.reference_days) if window.start else Window()
     current, current_summary = window_stats(source, out / "current", settings, window)
     ref, ref_summary = window_stats(reference or source, out / "reference", settings, ref_window)
@@ -67,17 +70,22 @@ def check_production(settings, source, output_dir, window: Window, champion: str
             reasons.insert(0, f"tool change: {diff.summary}")
     verdict = {
         "retrain": bool(report.drifted or (diff is not None and diff.breaking)),
-        "reasons": reasons, "summary": "; ".join(reasons[:3]) or "no drift, no breaking tool change",
-        "window": str(window), "reference_window": str(ref_window) if reference is None else str(reference),
-        "drifted": report.drifted, "tool_change_breaking": bool(diff and diff.breaking),
+        "reasons": reasons,
+        "summary": "; ".join(reasons[:3]) or "no drift, no breaking tool change",
+        "window": str(window),
+        "reference_window": str(ref_window) if reference is None else str(reference),
+        "drifted": report.drifted,
+        "tool_change_breaking": bool(diff and diff.breaking),
         # key kept from before the toolset rename: stages, announcements and MLflow tags read it
         "registry_hash": diff.new_hash if diff else None,
         "rows": {"current": current_summary.get("rows_accepted"), "reference": ref_summary.get("rows_accepted")},
         # a failed window raises inside ingest; an ingest output given as input carries its own verdict
         "data_validation": current_summary.get("verdict", "passed"),
-        "artifacts": {"drift_report": str(out / "drift_report.json"),
-                      "tooldiff": str(out / "tooldiff.json") if diff else None,
-                      "data_docs": current_summary.get("data_docs")},
+        "artifacts": {
+            "drift_report": str(out / "drift_report.json"),
+            "tooldiff": str(out / "tooldiff.json") if diff else None,
+            "data_docs": current_summary.get("data_docs"),
+        },
     }
     storage.write_bytes(out / "signals.json", json.dumps(verdict, indent=1).encode())
     log.info("monitor %s: retrain=%s (%s)", window, verdict["retrain"], verdict["summary"])

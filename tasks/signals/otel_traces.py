@@ -33,6 +33,7 @@ generate_content, or spans with gen_ai.input.messages; "tool spans": execute_too
 Not mapped: OpenLLMetry's indexed attributes (gen_ai.prompt.N.*), non-text parts (kept, then quarantined).
 Tests: PYTHONPATH=. python -m pytest -q tests/unit/signals/test_trace_sources.py
 """
+
 from __future__ import annotations
 
 import base64
@@ -41,17 +42,32 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tasks.signals.trace_partitions import (Partitions, as_bool, as_number, drop_none, error_tool_messages, first,
-                                            iso_ms, loads_maybe, normalize_messages, normalize_tools)
+from tasks.signals.trace_partitions import (
+    Partitions,
+    as_bool,
+    as_number,
+    drop_none,
+    error_tool_messages,
+    first,
+    iso_ms,
+    loads_maybe,
+    normalize_messages,
+    normalize_tools,
+)
 from tasks.signals.traces import IngestError, Window
 
 _CHAT_OPS = ("chat", "text_completion", "generate_content")
-_EVENT_ROLES = {"gen_ai.system.message": "system", "gen_ai.user.message": "user",
-                "gen_ai.assistant.message": "assistant", "gen_ai.tool.message": "tool"}
+_EVENT_ROLES = {
+    "gen_ai.system.message": "system",
+    "gen_ai.user.message": "user",
+    "gen_ai.assistant.message": "assistant",
+    "gen_ai.tool.message": "tool",
+}
 
 
-def export_otel_spans(otlp_json_path: str | Path, out_dir: str | Path, window: Window,
-                      workload_key: str = "workload") -> dict:
+def export_otel_spans(
+    otlp_json_path: str | Path, out_dir: str | Path, window: Window, workload_key: str = "workload"
+) -> dict:
     """Group the file's spans by traceId, map each trace whose start lies in the window, write partitions."""
     traces = read_otlp(otlp_json_path)
     start_ns = window.start.timestamp() * 1e9 if window.start else float("-inf")
@@ -65,8 +81,9 @@ def export_otel_spans(otlp_json_path: str | Path, out_dir: str | Path, window: W
             if not start_ns <= t0 < end_ns:
                 parts.summary["outside_window"] += 1  # still in the file: another window's export has it
                 continue
-            parts.mapped(otel_trace_to_row, spans, trace_id, iso_ms(t0 / 1e6) if t0 else None,
-                         workload_key=workload_key)
+            parts.mapped(
+                otel_trace_to_row, spans, trace_id, iso_ms(t0 / 1e6) if t0 else None, workload_key=workload_key
+            )
         ok = True
     finally:
         summary = parts.close(ok)
@@ -131,13 +148,24 @@ def read_otlp(path: str | Path) -> dict[str, list[dict]]:
                     status = s.get("status") or {}
                     start = int(s.get("startTimeUnixNano") or 0)
                     trace_id = _hex(s.get("traceId"))
-                    traces.setdefault(trace_id, []).append({
-                        "trace_id": trace_id, "id": _hex(s.get("spanId")), "parent": _hex(s.get("parentSpanId")) or None,
-                        "name": s.get("name"), "start": start, "end": int(s.get("endTimeUnixNano") or start),
-                        "attrs": _attrs(s.get("attributes")), "resource": resource,
-                        "events": [{"name": e.get("name"), "attrs": _attrs(e.get("attributes"))} for e in s.get("events") or ()],
-                        "error": status.get("code") in (2, "2", "STATUS_CODE_ERROR", "ERROR"),
-                        "status_message": status.get("message")})
+                    traces.setdefault(trace_id, []).append(
+                        {
+                            "trace_id": trace_id,
+                            "id": _hex(s.get("spanId")),
+                            "parent": _hex(s.get("parentSpanId")) or None,
+                            "name": s.get("name"),
+                            "start": start,
+                            "end": int(s.get("endTimeUnixNano") or start),
+                            "attrs": _attrs(s.get("attributes")),
+                            "resource": resource,
+                            "events": [
+                                {"name": e.get("name"), "attrs": _attrs(e.get("attributes"))}
+                                for e in s.get("events") or ()
+                            ],
+                            "error": status.get("code") in (2, "2", "STATUS_CODE_ERROR", "ERROR"),
+                            "status_message": status.get("message"),
+                        }
+                    )
     return traces
 
 
@@ -164,10 +192,17 @@ def semconv_messages(items: Any) -> list:
             if kind == "text":
                 texts.append(str(p.get("content", "")))
             elif kind == "tool_call":
-                calls.append({"id": str(p.get("id") or ""), "type": "function",
-                              "function": {"name": p.get("name"), "arguments": _content(p.get("arguments"))}})
+                calls.append(
+                    {
+                        "id": str(p.get("id") or ""),
+                        "type": "function",
+                        "function": {"name": p.get("name"), "arguments": _content(p.get("arguments"))},
+                    }
+                )
             elif kind == "tool_call_response":
-                out.append(drop_none({"role": "tool", "tool_call_id": p.get("id"), "content": _content(p.get("response"))}))
+                out.append(
+                    drop_none({"role": "tool", "tool_call_id": p.get("id"), "content": _content(p.get("response"))})
+                )
             elif kind != "reasoning":  # reasoning is the model's scratchpad, not the conversation
                 other.append(p)
         if texts or calls or other:  # non-text parts (images, files) stay as parts: the schema check names them
@@ -190,12 +225,23 @@ def _event_messages(events: list[dict]) -> tuple[list, list]:
         a = e["attrs"]
         if e["name"] in _EVENT_ROLES:
             role = _EVENT_ROLES[e["name"]]
-            before.append(drop_none({"role": role, "content": a.get("content"),
-                                     "tool_calls": loads_maybe(a.get("tool_calls")),
-                                     "tool_call_id": a.get("id") if role == "tool" else None}))
+            before.append(
+                drop_none(
+                    {
+                        "role": role,
+                        "content": a.get("content"),
+                        "tool_calls": loads_maybe(a.get("tool_calls")),
+                        "tool_call_id": a.get("id") if role == "tool" else None,
+                    }
+                )
+            )
         elif e["name"] == "gen_ai.choice":
             msg = loads_maybe(a.get("message"))
-            msg = msg if isinstance(msg, dict) else {"content": a.get("content"), "tool_calls": loads_maybe(a.get("tool_calls"))}
+            msg = (
+                msg
+                if isinstance(msg, dict)
+                else {"content": a.get("content"), "tool_calls": loads_maybe(a.get("tool_calls"))}
+            )
             after.append({"role": "assistant", **drop_none(msg)})
     return normalize_messages(before), normalize_messages(after)
 
@@ -208,7 +254,7 @@ def otel_messages(chats: list[dict], tool_spans: list[dict]) -> list:
         after = semconv_messages(a.get("gen_ai.output.messages"))
         if not before and not after:
             before, after = _event_messages(s["events"])
-        if before[:len(conv)] != conv:  # this call did not see the whole history: keep it, add what is new
+        if before[: len(conv)] != conv:  # this call did not see the whole history: keep it, add what is new
             before = conv + [m for m in before if m not in conv]
         conv = before + after
     answered = {m.get("tool_call_id") for m in conv if isinstance(m, dict) and m.get("role") == "tool"}
@@ -217,11 +263,22 @@ def otel_messages(chats: list[dict], tool_spans: list[dict]) -> list:
         call_id, result = a.get("gen_ai.tool.call.id"), a.get("gen_ai.tool.call.result")
         if not call_id or call_id in answered or (result is None and not s["error"]):
             continue
-        at = next((i for i, m in enumerate(conv) if isinstance(m, dict)
-                   and any(isinstance(c, dict) and c.get("id") == call_id for c in m.get("tool_calls") or ())), None)
+        at = next(
+            (
+                i
+                for i, m in enumerate(conv)
+                if isinstance(m, dict)
+                and any(isinstance(c, dict) and c.get("id") == call_id for c in m.get("tool_calls") or ())
+            ),
+            None,
+        )
         if at is None:
             continue  # a call no chat span recorded: it cannot be placed (its error still counts)
-        content = _result(result) if result is not None else f"error: {s['status_message'] or a.get('error.type') or 'failed'}"
+        content = (
+            _result(result)
+            if result is not None
+            else f"error: {s['status_message'] or a.get('error.type') or 'failed'}"
+        )
         i = at + 1
         while i < len(conv) and isinstance(conv[i], dict) and conv[i].get("role") == "tool":
             i += 1
@@ -235,8 +292,11 @@ def _evaluation(spans: list[dict], name: str) -> Any:
         for e in s["events"]:
             if e["name"] == "gen_ai.evaluation.result" and e["attrs"].get("gen_ai.evaluation.name") == name:
                 a = e["attrs"]
-                return first([a.get("gen_ai.evaluation.score.label"), a.get("gen_ai.evaluation.score.value")]) \
-                    if name == "success" else a.get("gen_ai.evaluation.score.value")
+                return (
+                    first([a.get("gen_ai.evaluation.score.label"), a.get("gen_ai.evaluation.score.value")])
+                    if name == "success"
+                    else a.get("gen_ai.evaluation.score.value")
+                )
     return None
 
 
@@ -247,39 +307,73 @@ def otel_trace_to_row(spans: list[dict], workload_key: str = "workload") -> dict
     root = next((s for s in spans if not s["parent"] or s["parent"] not in ids), spans[0])
     ordered = [root] + [s for s in spans if s is not root]
 
-    def attr(key: str) -> Any:  # the root span's, any span's, the resource's; MLflow's OTLP export: mlflow.traceTag.<key>
-        return first([*(s["attrs"].get(k) for k in (key, f"mlflow.traceTag.{key}") for s in ordered),
-                      root["resource"].get(key)])
+    def attr(
+        key: str,
+    ) -> Any:  # the root span's, any span's, the resource's; MLflow's OTLP export: mlflow.traceTag.<key>
+        return first(
+            [*(s["attrs"].get(k) for k in (key, f"mlflow.traceTag.{key}") for s in ordered), root["resource"].get(key)]
+        )
 
     op = [s["attrs"].get("gen_ai.operation.name") for s in spans]
     chats = [s for s, o in zip(spans, op) if o in _CHAT_OPS or (o is None and "gen_ai.input.messages" in s["attrs"])]
     tool_spans = [s for s, o in zip(spans, op) if o == "execute_tool"]
     messages = otel_messages(chats, tool_spans)
-    tools = normalize_tools([t for s in chats for t in loads_maybe(s["attrs"].get("gen_ai.tool.definitions")) or ()]) \
-        or normalize_tools([drop_none({"name": s["attrs"].get("gen_ai.tool.name"),
-                                       "description": s["attrs"].get("gen_ai.tool.description")})
-                            for s in tool_spans if s["attrs"].get("gen_ai.tool.name")])
+    tools = normalize_tools(
+        [t for s in chats for t in loads_maybe(s["attrs"].get("gen_ai.tool.definitions")) or ()]
+    ) or normalize_tools(
+        [
+            drop_none(
+                {"name": s["attrs"].get("gen_ai.tool.name"), "description": s["attrs"].get("gen_ai.tool.description")}
+            )
+            for s in tool_spans
+            if s["attrs"].get("gen_ai.tool.name")
+        ]
+    )
     chat_attr = lambda key: first(s["attrs"].get(key) for s in chats)  # noqa: E731
     success = attr("success")
     success = as_bool(success if success is not None else _evaluation(spans, "success"))
     if success is None and root["error"]:
         success = False  # an episode that failed as a whole did not succeed
     reward = attr("reward")
-    usage = [s for s in chats if "gen_ai.usage.input_tokens" in s["attrs"]] \
-        or [s for s in ordered if "gen_ai.usage.input_tokens" in s["attrs"]][:1]
-    tokens = {key: sum(as_number(s["attrs"].get(f"gen_ai.usage.{key}"), integer=True) or 0 for s in usage)
-              if usage else None for key in ("input_tokens", "output_tokens")}
-    outcome = drop_none({
-        "success": success, "reward": as_number(reward if reward is not None else _evaluation(spans, "reward")),
-        "tool_errors": sum(s["error"] or "error.type" in s["attrs"] for s in tool_spans) if tool_spans
-        else error_tool_messages(messages),
-        "latency_ms": round((max(s["end"] for s in spans) - spans[0]["start"]) / 1e6, 3),
-        "prompt_tokens": tokens["input_tokens"], "completion_tokens": tokens["output_tokens"]})
-    return drop_none({
-        "trace_id": root["trace_id"], "timestamp": iso_ms(spans[0]["start"] / 1e6),
-        "workload": first([attr(workload_key), attr("gen_ai.agent.name"), root["name"]]),
-        "model": drop_none({"name": first([chat_attr("gen_ai.request.model"), chat_attr("gen_ai.response.model")]),
-                            "version": first([attr("gen_ai.agent.version"), root["resource"].get("service.version"),
-                                              chat_attr("gen_ai.response.model")])}),
-        "tools": tools, "messages": messages, "outcome": outcome,
-        "origin": drop_none({"source": "otel", "service": root["resource"].get("service.name")})})
+    usage = [s for s in chats if "gen_ai.usage.input_tokens" in s["attrs"]] or [
+        s for s in ordered if "gen_ai.usage.input_tokens" in s["attrs"]
+    ][:1]
+    tokens = {
+        key: sum(as_number(s["attrs"].get(f"gen_ai.usage.{key}"), integer=True) or 0 for s in usage) if usage else None
+        for key in ("input_tokens", "output_tokens")
+    }
+    outcome = drop_none(
+        {
+            "success": success,
+            "reward": as_number(reward if reward is not None else _evaluation(spans, "reward")),
+            "tool_errors": sum(s["error"] or "error.type" in s["attrs"] for s in tool_spans)
+            if tool_spans
+            else error_tool_messages(messages),
+            "latency_ms": round((max(s["end"] for s in spans) - spans[0]["start"]) / 1e6, 3),
+            "prompt_tokens": tokens["input_tokens"],
+            "completion_tokens": tokens["output_tokens"],
+        }
+    )
+    return drop_none(
+        {
+            "trace_id": root["trace_id"],
+            "timestamp": iso_ms(spans[0]["start"] / 1e6),
+            "workload": first([attr(workload_key), attr("gen_ai.agent.name"), root["name"]]),
+            "model": drop_none(
+                {
+                    "name": first([chat_attr("gen_ai.request.model"), chat_attr("gen_ai.response.model")]),
+                    "version": first(
+                        [
+                            attr("gen_ai.agent.version"),
+                            root["resource"].get("service.version"),
+                            chat_attr("gen_ai.response.model"),
+                        ]
+                    ),
+                }
+            ),
+            "tools": tools,
+            "messages": messages,
+            "outcome": outcome,
+            "origin": drop_none({"source": "otel", "service": root["resource"].get("service.name")}),
+        }
+    )

@@ -25,6 +25,7 @@ reconcile: traces == mapped + unverifiable, mapped == train + eval + duplicates;
 files are read back and checked with the suite include/gx/production_tasks.json; a failure raises
 BatchValidationError after everything is written, so that the files can be inspected.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -60,7 +61,7 @@ def trace_files(accepted: str | Path) -> list[Path]:
 def read_traces(files: list[Path]):
     """(trace dict or None for a line that is no JSON object) per non-blank line."""
     for f in files:
-        with (gzip.open(f, "rt", encoding="utf-8") if f.name.endswith(".gz") else f.open(encoding="utf-8")) as fh:
+        with gzip.open(f, "rt", encoding="utf-8") if f.name.endswith(".gz") else f.open(encoding="utf-8") as fh:
             for line in fh:
                 if line.strip():
                     try:
@@ -96,8 +97,13 @@ def _map(rows, env, toolset: dict) -> tuple[list[Task], Counter, int]:
             dropped["repeated_trace_id"] += 1
             continue
         seen.add(trace_id)
-        if not any(isinstance(m, dict) and m.get("role") == "user" and isinstance(m.get("content"), str)
-                   and m["content"].strip() for m in trace.get("messages") or []):
+        if not any(
+            isinstance(m, dict)
+            and m.get("role") == "user"
+            and isinstance(m.get("content"), str)
+            and m["content"].strip()
+            for m in trace.get("messages") or []
+        ):
             dropped["no_user_message"] += 1
             continue
         try:
@@ -120,8 +126,7 @@ def _trace_id(task: Task) -> str:
     return str(task.data.get("trace_id") or task.task_id)
 
 
-def validate_files(out: Path, workloads: list[str], required_splits: list[str], min_tasks: int = 1,
-                   validator=None):
+def validate_files(out: Path, workloads: list[str], required_splits: list[str], min_tasks: int = 1, validator=None):
     """The suite include/gx/production_tasks.json on train.jsonl + eval.jsonl as written (a SuiteOutcome)."""
     import pandas as pd
 
@@ -132,16 +137,32 @@ def validate_files(out: Path, workloads: list[str], required_splits: list[str], 
         for line in (out / f"{split}.jsonl").read_text().splitlines():
             if line.strip():
                 task = Task.from_dict(json.loads(line))
-                rows.append({"task_id": task.task_id, "family": task.family, "question": task.question,
-                             "expected": task.expected, "content": content_of(task), "split": split})
+                rows.append(
+                    {
+                        "task_id": task.task_id,
+                        "family": task.family,
+                        "question": task.question,
+                        "expected": task.expected,
+                        "content": content_of(task),
+                        "split": split,
+                    }
+                )
     columns = ("task_id", "family", "question", "expected", "content", "split")
     frame = pd.DataFrame({c: [r[c] for r in rows] for c in columns})
     params = {"workloads": list(workloads), "required_splits": list(required_splits), "min_tasks": min_tasks}
     return (validator or Validator()).validate(SUITE, frame, params)
 
 
-def tasks_from_traces(accepted: str | Path, env_name: str, toolset, out_dir: str | Path, eval_share: float = 0.25,
-                      workloads: list[str] | None = None, min_tasks: int = 1, validator=None) -> dict:
+def tasks_from_traces(
+    accepted: str | Path,
+    env_name: str,
+    toolset,
+    out_dir: str | Path,
+    eval_share: float = 0.25,
+    workloads: list[str] | None = None,
+    min_tasks: int = 1,
+    validator=None,
+) -> dict:
     """Write train.jsonl, eval.jsonl and summary.json under `out_dir`; returns the summary.
 
     toolset: load_toolset's {version, tools} (or anything the environment's load_toolset reads): the tools
@@ -155,8 +176,10 @@ def tasks_from_traces(accepted: str | Path, env_name: str, toolset, out_dir: str
         raise ValueError(f"eval_share={eval_share}: a share of the content, in [0, 1]")
     env = get_env(env_name)
     if env.task_from_trace is None:
-        raise ValueError(f"environment {env.name!r} has no task_from_trace: it cannot turn production traces into "
-                         f"tasks it verifies; give its Environment a task_from_trace(trace, toolset) (tasks/envs/__init__.py)")
+        raise ValueError(
+            f"environment {env.name!r} has no task_from_trace: it cannot turn production traces into "
+            f"tasks it verifies; give its Environment a task_from_trace(trace, toolset) (tasks/envs/__init__.py)"
+        )
     toolset = env.load_toolset(toolset)
     if workloads is None:
         workloads = sorted({t.family for t in env.generate_tasks(N_WORKLOAD_PROBE, 0, toolset)})
@@ -180,21 +203,37 @@ def tasks_from_traces(accepted: str | Path, env_name: str, toolset, out_dir: str
         rows.sort(key=lambda t: t.task_id)
         write_atomic(out / f"{name}.jsonl", "".join(json.dumps(t.to_dict()) + "\n" for t in rows))
     summary = {
-        "env": env.name, "toolset": toolset.get("version"), "eval_share": eval_share, "traces": n_traces,
-        "mapped": len(tasks), "unverifiable": sum(dropped.values()), "unverifiable_by_reason": dict(sorted(dropped.items())),
-        "duplicates": len(tasks) - len(by_content), "train": len(splits["train"]), "eval": len(splits["eval"]),
+        "env": env.name,
+        "toolset": toolset.get("version"),
+        "eval_share": eval_share,
+        "traces": n_traces,
+        "mapped": len(tasks),
+        "unverifiable": sum(dropped.values()),
+        "unverifiable_by_reason": dict(sorted(dropped.items())),
+        "duplicates": len(tasks) - len(by_content),
+        "train": len(splits["train"]),
+        "eval": len(splits["eval"]),
         "families": {name: dict(sorted(Counter(t.family for t in rows).items())) for name, rows in splits.items()},
     }
-    if summary["traces"] != summary["mapped"] + summary["unverifiable"] or \
-            summary["mapped"] != summary["train"] + summary["eval"] + summary["duplicates"]:
+    if (
+        summary["traces"] != summary["mapped"] + summary["unverifiable"]
+        or summary["mapped"] != summary["train"] + summary["eval"] + summary["duplicates"]
+    ):
         raise RuntimeError(f"production tasks: counts do not reconcile: {summary}")  # a bug here, not bad data
     required = [s for s, share in (("train", 1 - eval_share), ("eval", eval_share)) if share > 0]
     outcome = validate_files(out, workloads, required, min_tasks, validator)
     summary["validation"] = outcome.to_dict()
     write_atomic(out / "summary.json", json.dumps(summary, indent=1))
-    log.info("tasks from production (%s, toolset %s): %d traces -> %d train, %d eval (%d duplicates, unverifiable %s)",
-             env.name, summary["toolset"], n_traces, summary["train"], summary["eval"], summary["duplicates"],
-             summary["unverifiable_by_reason"])
+    log.info(
+        "tasks from production (%s, toolset %s): %d traces -> %d train, %d eval (%d duplicates, unverifiable %s)",
+        env.name,
+        summary["toolset"],
+        n_traces,
+        summary["train"],
+        summary["eval"],
+        summary["duplicates"],
+        summary["unverifiable_by_reason"],
+    )
     outcome.raise_for_failure()
     return summary
 
@@ -207,11 +246,22 @@ if __name__ == "__main__":
     parser.add_argument("out_dir")
     from tasks.config_sections import EnvSettings
 
-    parser.add_argument("--env", default=EnvSettings.model_fields["name"].default,
-                        help="env.name: an entry point, module:factory or a spec (default: env.name's default)")
+    parser.add_argument(
+        "--env",
+        default=EnvSettings.model_fields["name"].default,
+        help="env.name: an entry point, module:factory or a spec (default: env.name's default)",
+    )
     parser.add_argument("--toolset", default="2", help="a shipped version or anything load_toolset reads")
     parser.add_argument("--eval-share", type=float, default=0.25)
     a = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    print(json.dumps({k: v for k, v in tasks_from_traces(a.accepted, a.env, a.toolset, a.out_dir, a.eval_share).items()
-                      if k != "validation"}, indent=1))
+    print(
+        json.dumps(
+            {
+                k: v
+                for k, v in tasks_from_traces(a.accepted, a.env, a.toolset, a.out_dir, a.eval_share).items()
+                if k != "validation"
+            },
+            indent=1,
+        )
+    )

@@ -7,6 +7,7 @@
 suites validate), the rest the drift features. The schema is include/schemas/trace.schema.json
 (structure, types, RFC 3339 timestamps).
 """
+
 from __future__ import annotations
 
 import json
@@ -16,8 +17,18 @@ from datetime import datetime
 from tasks.config import PROJECT_ROOT
 
 SCHEMA_PATH = PROJECT_ROOT / "include" / "schemas" / "trace.schema.json"
-FLAT_COLUMNS = ("trace_id", "workload", "ts", "prompt_tokens", "completion_tokens", "tool_errors", "tool_calls",
-                "latency_ms", "reward", "n_user_messages")
+FLAT_COLUMNS = (
+    "trace_id",
+    "workload",
+    "ts",
+    "prompt_tokens",
+    "completion_tokens",
+    "tool_errors",
+    "tool_calls",
+    "latency_ms",
+    "reward",
+    "n_user_messages",
+)
 
 
 class RowParser:
@@ -97,7 +108,16 @@ def flatten(trace: dict) -> tuple:
         elif role == "user":
             users += 1
     ts = rfc3339_seconds(trace["timestamp"])
-    flat = (trace["trace_id"], trace["workload"], ts, outcome["prompt_tokens"], outcome["completion_tokens"],
-            outcome["tool_errors"], tool_calls, outcome.get("latency_ms"), outcome.get("reward"), users)
+    flat = (
+        trace["trace_id"],
+        trace["workload"],
+        ts,
+        outcome["prompt_tokens"],
+        outcome["completion_tokens"],
+        outcome["tool_errors"],
+        tool_calls,
+        outcome.get("latency_ms"),
+        outcome.get("reward"),
+        users,
+    )
     return flat, names, turns, bool(outcome["success"])
-

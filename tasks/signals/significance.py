@@ -15,6 +15,7 @@ Where this departs from the textbook:
   false-alarm rate stays below alpha and power is slightly lower than the continuous theory says.
 - PSI replaces empty bins by a share of 1e-4 (the usual epsilon) so that it stays finite.
 """
+
 from __future__ import annotations
 
 import math
@@ -24,7 +25,7 @@ from collections.abc import Sequence
 import numpy as np
 from scipy import special, stats
 
-PSI_EPSILON = 1e-4          # share given to an empty bin in the PSI
+PSI_EPSILON = 1e-4  # share given to an empty bin in the PSI
 
 
 def two_proportion_test(x1: int, n1: int, x2: int, n2: int) -> tuple[float, float]:
@@ -33,10 +34,10 @@ def two_proportion_test(x1: int, n1: int, x2: int, n2: int) -> tuple[float, floa
         raise ValueError(f"two_proportion_test needs 0 <= x <= n and n > 0, got {x1}/{n1} and {x2}/{n2}")
     pooled = (x1 + x2) / (n1 + n2)
     se = math.sqrt(pooled * (1 - pooled) * (1 / n1 + 1 / n2))
-    if se == 0:                 # both all-success or all-failure: identical, nothing to test
+    if se == 0:  # both all-success or all-failure: identical, nothing to test
         return 0.0, 1.0
     z = (x2 / n2 - x1 / n1) / se
-    return z, float(2 * special.ndtr(-abs(z)))     # ndtr: the normal CDF without scipy.stats overhead
+    return z, float(2 * special.ndtr(-abs(z)))  # ndtr: the normal CDF without scipy.stats overhead
 
 
 def _aligned(ref: Counter, cur: Counter, what: str) -> tuple[list, np.ndarray, np.ndarray]:
@@ -44,8 +45,10 @@ def _aligned(ref: Counter, cur: Counter, what: str) -> tuple[list, np.ndarray, n
     a = np.array([ref.get(k, 0) for k in keys], dtype=float)
     b = np.array([cur.get(k, 0) for k in keys], dtype=float)
     if (a < 0).any() or (b < 0).any() or a.sum() == 0 or b.sum() == 0:
-        raise ValueError(f"{what}: both histograms need non-negative counts and at least one observation, "
-                         f"got {dict(ref)} and {dict(cur)}")
+        raise ValueError(
+            f"{what}: both histograms need non-negative counts and at least one observation, "
+            f"got {dict(ref)} and {dict(cur)}"
+        )
     return keys, a, b
 
 
@@ -79,7 +82,7 @@ def chi2_and_psi(ref: Counter, cur: Counter) -> tuple[float, float, float]:
     conservative). PSI = sum (q - p) ln(q / p) over shares, an empty bin counted as PSI_EPSILON.
     """
     _, a, b = _aligned(ref, cur, "chi2_and_psi")
-    if a.size < 2:              # one category on both sides: the same mix
+    if a.size < 2:  # one category on both sides: the same mix
         return 0.0, 1.0, 0.0
     chi2, p, _, _ = stats.chi2_contingency(np.stack([a, b]), correction=False)
     ps = np.maximum(a / a.sum(), PSI_EPSILON)

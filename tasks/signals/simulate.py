@@ -15,6 +15,7 @@ The scripted policy is the champion's habits without the model: it calls the off
 arguments in any of the formats the lenient v1 service accepted (the environment's demonstration), and answers with
 the tool's result, or gives up after an error. Against the strict v2 service its success drops.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -35,8 +36,15 @@ from tasks.storage import write_atomic
 
 log = logging.getLogger(__name__)
 SLIP_RATE = 0.08  # the scripted agent gives up this often even after a good tool result (production is never perfect)
-MALFORMED_KINDS = ("broken_json", "missing_field", "wrong_type", "negative_tokens", "future_timestamp",
-                   "duplicate_trace_id", "non_utf8")
+MALFORMED_KINDS = (
+    "broken_json",
+    "missing_field",
+    "wrong_type",
+    "negative_tokens",
+    "future_timestamp",
+    "duplicate_trace_id",
+    "non_utf8",
+)
 
 
 def toolset_at(schedule: list[tuple[datetime, str]], when: datetime) -> str:
@@ -56,24 +64,37 @@ def episode_to_trace(ep: Episode, trace_id: str, when: datetime, model_version: 
         msg = dict(m)
         if m.get("tool_calls"):
             msg["content"] = m["content"] or None
-            msg["tool_calls"] = [{"id": c["id"], "type": "function", "function": {
-                "name": c["function"]["name"], "arguments": json.dumps(c["function"]["arguments"])}}
-                for c in m["tool_calls"]]
+            msg["tool_calls"] = [
+                {
+                    "id": c["id"],
+                    "type": "function",
+                    "function": {"name": c["function"]["name"], "arguments": json.dumps(c["function"]["arguments"])},
+                }
+                for c in m["tool_calls"]
+            ]
         msg.pop("name", None)
         messages.append(msg)
     # errors of calls made; a turn whose call could not be parsed made no call (its error has no call id)
-    tool_errors = sum(m["role"] == "tool" and "tool_call_id" in m and m["content"].startswith("error")
-                      for m in ep.messages)
+    tool_errors = sum(
+        m["role"] == "tool" and "tool_call_id" in m and m["content"].startswith("error") for m in ep.messages
+    )
     score = ep.score()
     prompt_tokens = ep.loss_mask.index(1) if 1 in ep.loss_mask else len(ep.token_ids)
     return {
-        "trace_id": trace_id, "timestamp": when.isoformat().replace("+00:00", "Z"), "workload": ep.task.family,
+        "trace_id": trace_id,
+        "timestamp": when.isoformat().replace("+00:00", "Z"),
+        "workload": ep.task.family,
         "model": {"name": "evergreen-agent", "version": model_version},
         "tools": ep.tools,
         "messages": messages,
-        "outcome": {"success": score["success"], "reward": score["reward"], "tool_errors": tool_errors,
-                    "latency_ms": round(40 + 2.5 * ep.completion_tokens + rng.expovariate(1 / 30), 1),
-                    "prompt_tokens": prompt_tokens, "completion_tokens": ep.completion_tokens},
+        "outcome": {
+            "success": score["success"],
+            "reward": score["reward"],
+            "tool_errors": tool_errors,
+            "latency_ms": round(40 + 2.5 * ep.completion_tokens + rng.expovariate(1 / 30), 1),
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": ep.completion_tokens,
+        },
         "registry_version": ep.task.data.get("registry_version"),  # the toolset; key kept (trace data)
     }
 
@@ -95,8 +116,13 @@ def _run_scripted(episodes: list[Episode], seed: int) -> None:
 def _run_model(episodes: list[Episode], model_dir: str, settings, seed: int) -> None:
     from tasks.policy.backends import Sampling, VLLMBackend
 
-    backend = VLLMBackend(model_dir, max_len=settings.model.max_len, kv_cache_mb=settings.rollout.kv_cache_mb, seed=seed,
-                          dtype=settings.model.dtype)
+    backend = VLLMBackend(
+        model_dir,
+        max_len=settings.model.max_len,
+        kv_cache_mb=settings.rollout.kv_cache_mb,
+        seed=seed,
+        dtype=settings.model.dtype,
+    )
     backend.run_episodes(episodes, Sampling(temperature=settings.rollout.temperature, seed=seed))
     del backend
     import gc
@@ -123,9 +149,18 @@ def _malform(kind: str, line: bytes, previous: bytes | None, now: datetime) -> b
     return json.dumps(trace).encode()
 
 
-def simulate_traces(out_dir: str | Path, start: datetime, end: datetime, n_traces: int,
-                    schedule: list[tuple[datetime, str]], policy: str = "scripted", settings=None,
-                    malformed_share: float = 0.0, seed: int = 0, model_version: str = "champion") -> dict:
+def simulate_traces(
+    out_dir: str | Path,
+    start: datetime,
+    end: datetime,
+    n_traces: int,
+    schedule: list[tuple[datetime, str]],
+    policy: str = "scripted",
+    settings=None,
+    malformed_share: float = 0.0,
+    seed: int = 0,
+    model_version: str = "champion",
+) -> dict:
     """Write `n_traces` lines between start and end; returns (and writes) the manifest."""
     if not schedule:
         raise ValueError("schedule is empty: give at least [(start, toolset_version)]")
@@ -139,8 +174,11 @@ def simulate_traces(out_dir: str | Path, start: datetime, end: datetime, n_trace
     chat = default_chat() if policy == "scripted" else ChatFormat.load(policy, settings.model.tool_call_parser)
     limits = {"max_turns": 4, "max_tokens_per_turn": 96, "max_len": 512}
     if settings is not None:
-        limits = {"max_turns": settings.env.max_turns, "max_tokens_per_turn": settings.env.max_tokens_per_turn,
-                  "max_len": settings.model.max_len}
+        limits = {
+            "max_turns": settings.env.max_turns,
+            "max_tokens_per_turn": settings.env.max_tokens_per_turn,
+            "max_len": settings.model.max_len,
+        }
     episodes: list[Episode] = [None] * n_traces  # type: ignore[list-item]
     for version in sorted(set(versions)):
         idx = [i for i, v in enumerate(versions) if v == version]
@@ -182,12 +220,23 @@ def simulate_traces(out_dir: str | Path, start: datetime, end: datetime, n_trace
         for f in files.values():
             f.close()
     successes = Counter((v, ep.score()["success"]) for v, ep in zip(versions, episodes))
-    manifest = {"traces": n_traces, "start": start.isoformat(), "end": end.isoformat(), "policy": policy,
-                "schedule": [[t.isoformat(), v] for t, v in sorted(schedule)], "malformed": dict(malformed),
-                "valid": n_traces - sum(malformed.values()),
-                "success_rate": {v: successes[(v, True)] / max(1, versions.count(v)) for v in sorted(set(versions))},
-                "days": sorted(files)}
+    manifest = {
+        "traces": n_traces,
+        "start": start.isoformat(),
+        "end": end.isoformat(),
+        "policy": policy,
+        "schedule": [[t.isoformat(), v] for t, v in sorted(schedule)],
+        "malformed": dict(malformed),
+        "valid": n_traces - sum(malformed.values()),
+        "success_rate": {v: successes[(v, True)] / max(1, versions.count(v)) for v in sorted(set(versions))},
+        "days": sorted(files),
+    }
     write_atomic(out / "manifest.json", json.dumps(manifest, indent=1))
-    log.info("simulated %d traces into %s (%d malformed): success by toolset %s", n_traces, out,
-             sum(malformed.values()), manifest["success_rate"])
+    log.info(
+        "simulated %d traces into %s (%d malformed): success by toolset %s",
+        n_traces,
+        out,
+        sum(malformed.values()),
+        manifest["success_rate"],
+    )
     return manifest

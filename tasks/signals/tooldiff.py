@@ -29,6 +29,7 @@ removal plus an addition (both are breaking either way; only the report differs)
 Changes name what the *old* toolset (the trained model) knows: the old tool and parameter names,
 except for additions. Nested parameters are written `opts.limit`; array items `tags[]`.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -53,11 +54,11 @@ _SUMMARY_ITEMS = 5
 
 @dataclass
 class Change:
-    kind: str                # BREAKING or NON_BREAKING
-    change: str              # one of the change classes above
-    tool: str                # the old name, except for tool_added
-    parameter: str | None    # "a", "opts.limit", "tags[]"; None for tool-level changes
-    detail: str              # one human-readable line, tool included
+    kind: str  # BREAKING or NON_BREAKING
+    change: str  # one of the change classes above
+    tool: str  # the old name, except for tool_added
+    parameter: str | None  # "a", "opts.limit", "tags[]"; None for tool-level changes
+    detail: str  # one human-readable line, tool included
 
 
 @dataclass
@@ -83,11 +84,17 @@ class ToolDiff:
         return text + (f" (+{len(rest)} non-breaking)" if brk and rest else "")
 
     def to_dict(self) -> dict:
-        return {"old_hash": self.old_hash, "new_hash": self.new_hash, "breaking": self.breaking,
-                "summary": self.summary,
-                "counts": {BREAKING: sum(c.kind == BREAKING for c in self.changes),
-                           NON_BREAKING: sum(c.kind == NON_BREAKING for c in self.changes)},
-                "changes": [asdict(c) for c in self.changes]}
+        return {
+            "old_hash": self.old_hash,
+            "new_hash": self.new_hash,
+            "breaking": self.breaking,
+            "summary": self.summary,
+            "counts": {
+                BREAKING: sum(c.kind == BREAKING for c in self.changes),
+                NON_BREAKING: sum(c.kind == NON_BREAKING for c in self.changes),
+            },
+            "changes": [asdict(c) for c in self.changes],
+        }
 
 
 def _plural(n: int, noun: str) -> str:
@@ -108,13 +115,17 @@ def diff_toolsets(old: dict | list | str | Path, new: dict | list | str | Path, 
             changes += _diff_tool(tool, new_tools[name])
         elif name in renamed:
             new_tool, why = renamed[name]
-            changes.append(Change(BREAKING, TOOL_RENAMED, name, None,
-                                  f"tool renamed {name} -> {new_tool['name']} ({why})"))
+            changes.append(
+                Change(BREAKING, TOOL_RENAMED, name, None, f"tool renamed {name} -> {new_tool['name']} ({why})")
+            )
             changes += _diff_tool(tool, new_tool)
         else:
             changes.append(Change(BREAKING, TOOL_REMOVED, name, None, f"tool removed: {name}"))
-    changes += [Change(NON_BREAKING, TOOL_ADDED, t["name"], None, f"tool added: {t['name']}")
-                for t in added if t["name"] not in paired_new]
+    changes += [
+        Change(NON_BREAKING, TOOL_ADDED, t["name"], None, f"tool added: {t['name']}")
+        for t in added
+        if t["name"] not in paired_new
+    ]
     return ToolDiff(hash_tools(old_tools.values()), hash_tools(new_tools.values()), changes)
 
 
@@ -133,28 +144,44 @@ def _diff_object(old: dict, new: dict, tool: str, prefix: str) -> list[Change]:
     added = [p for name, p in news.items() if name not in olds]
     match = {name: news[name] for name in olds if name in news}  # old name -> surviving new parameter
     match.update({o.name: n for o, n, _ in _pair(removed, added, _PARAM_TIERS)})
-    match.update(_pair_leftovers([p for p in removed if p.name not in match],
-                                 [p for p in added if p not in match.values()]))
+    match.update(
+        _pair_leftovers([p for p in removed if p.name not in match], [p for p in added if p not in match.values()])
+    )
     out = []
     for name, p in olds.items():
         path = prefix + name
         n = match.get(name)
         if n is None:
-            out.append(Change(BREAKING, PARAMETER_REMOVED, tool, path,
-                              f"{tool}: {_req(p.required)} parameter removed: {path}"))
+            out.append(
+                Change(BREAKING, PARAMETER_REMOVED, tool, path, f"{tool}: {_req(p.required)} parameter removed: {path}")
+            )
             continue
         if n.name != name:
-            out.append(Change(BREAKING, PARAMETER_RENAMED, tool, path,
-                              f"{tool}: parameter renamed {path} -> {prefix + n.name}"))
+            out.append(
+                Change(
+                    BREAKING, PARAMETER_RENAMED, tool, path, f"{tool}: parameter renamed {path} -> {prefix + n.name}"
+                )
+            )
         if p.required != n.required:
-            kind, change = (BREAKING, PARAMETER_MADE_REQUIRED) if n.required else (NON_BREAKING, PARAMETER_MADE_OPTIONAL)
+            kind, change = (
+                (BREAKING, PARAMETER_MADE_REQUIRED) if n.required else (NON_BREAKING, PARAMETER_MADE_OPTIONAL)
+            )
             out.append(Change(kind, change, tool, path, f"{tool}.{path}: made {_req(n.required)}"))
         out += _diff_schema(p.schema, n.schema, tool, path)
     for n in added:
         if n not in match.values():
-            kind, change = (BREAKING, REQUIRED_PARAMETER_ADDED) if n.required else (NON_BREAKING, OPTIONAL_PARAMETER_ADDED)
-            out.append(Change(kind, change, tool, prefix + n.name,
-                              f"{tool}: {_req(n.required)} parameter added: {prefix + n.name}"))
+            kind, change = (
+                (BREAKING, REQUIRED_PARAMETER_ADDED) if n.required else (NON_BREAKING, OPTIONAL_PARAMETER_ADDED)
+            )
+            out.append(
+                Change(
+                    kind,
+                    change,
+                    tool,
+                    prefix + n.name,
+                    f"{tool}: {_req(n.required)} parameter added: {prefix + n.name}",
+                )
+            )
     return out
 
 
@@ -173,16 +200,28 @@ def _diff_schema(old: dict, new: dict, tool: str, path: str) -> list[Change]:
     old_t, new_t = _types_or_any(old), _types_or_any(new)
     if old_t != new_t:
         kind = NON_BREAKING if _widens(old_t, new_t) else BREAKING
-        out.append(Change(kind, TYPE_CHANGED, tool, path,
-                          f"{tool}.{path}: type changed {_show_types(old_t)} -> {_show_types(new_t)}"
-                          + (" (widened)" if kind == NON_BREAKING else "")))
+        out.append(
+            Change(
+                kind,
+                TYPE_CHANGED,
+                tool,
+                path,
+                f"{tool}.{path}: type changed {_show_types(old_t)} -> {_show_types(new_t)}"
+                + (" (widened)" if kind == NON_BREAKING else ""),
+            )
+        )
     out += _diff_enum(old.get("enum"), new.get("enum"), tool, path)
     if old.get("description", "") != new.get("description", ""):
         out.append(Change(NON_BREAKING, DESCRIPTION_CHANGED, tool, path, f"{tool}.{path}: description changed"))
     if _may_be(old_t, "object") and _may_be(new_t, "object") and ("properties" in old or "properties" in new):
         out += _diff_object(old, new, tool, path + ".")
-    if _may_be(old_t, "array") and _may_be(new_t, "array") and isinstance(old.get("items", {}), dict) \
-            and isinstance(new.get("items", {}), dict) and ("items" in old or "items" in new):
+    if (
+        _may_be(old_t, "array")
+        and _may_be(new_t, "array")
+        and isinstance(old.get("items", {}), dict)
+        and isinstance(new.get("items", {}), dict)
+        and ("items" in old or "items" in new)
+    ):
         out += _diff_schema(old.get("items", {}), new.get("items", {}), tool, path + "[]")
     return out
 
@@ -225,6 +264,7 @@ def _show_types(types: tuple[str, ...] | None) -> str:
 
 
 # ---------------------------------------------------------------- rename pairing
+
 
 @dataclass(eq=False)
 class _Param:
@@ -272,10 +312,14 @@ def _tier_same_param(o: _Param, n: _Param) -> tuple | None:
 
 
 _TOOL_TIERS: list[tuple[str, Callable]] = [
-    ("same parameters", _tier_same_signature), ("same description", _tier_same_description),
-    ("similar name or description", _tier_similar_tool)]
+    ("same parameters", _tier_same_signature),
+    ("same description", _tier_same_description),
+    ("similar name or description", _tier_similar_tool),
+]
 _PARAM_TIERS: list[tuple[str, Callable]] = [
-    ("same type and description", _tier_same_param_and_description), ("same type", _tier_same_param)]
+    ("same type and description", _tier_same_param_and_description),
+    ("same type", _tier_same_param),
+]
 
 
 def _pair(removed: list, added: list, tiers: list[tuple[str, Callable]]) -> list[tuple[Any, Any, str]]:
@@ -284,8 +328,13 @@ def _pair(removed: list, added: list, tiers: list[tuple[str, Callable]]) -> list
     used_old: set[int] = set()
     used_new: set[int] = set()
     for reason, score in tiers:
-        candidates = [(s, i, j) for i, o in enumerate(removed) if i not in used_old
-                      for j, n in enumerate(added) if j not in used_new and (s := score(o, n)) is not None]
+        candidates = [
+            (s, i, j)
+            for i, o in enumerate(removed)
+            if i not in used_old
+            for j, n in enumerate(added)
+            if j not in used_new and (s := score(o, n)) is not None
+        ]
         for _, i, j in sorted(candidates, key=lambda c: (c[0], -c[1], -c[2]), reverse=True):
             if i not in used_old and j not in used_new:
                 used_old.add(i)

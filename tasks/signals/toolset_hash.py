@@ -12,6 +12,7 @@ JSON-schema keywords (format, minimum, default, anyOf, ...) are ignored by the h
 The hash tagged on a model version (tasks.promotion.step) and the drift monitor's (tasks.signals.monitor)
 both come from here, over toolsets read by the one loader.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -64,7 +65,7 @@ def schema_types(schema: dict) -> tuple[str, ...]:
 
 
 def schema_hash(toolset: dict | list | str | Path, env: str | None = None) -> str:
-    """"sha256:<hex>" of the canonical JSON of the normalised tools, sorted by name. The toolset's
+    """ "sha256:<hex>" of the canonical JSON of the normalised tools, sorted by name. The toolset's
     `version` label is not part of it: two toolsets with the same schemas hash the same. A version string
     is one of `env`'s shipped toolsets."""
     return hash_tools(normalised_tools(toolset, env).values())

@@ -9,6 +9,7 @@ Values are never invented: what cannot be read is left out (or kept as it came, 
 so that the schema check of ingest (tasks.signals.rows) quarantines the row with the field's name.
 Tested through tests/unit/signals/test_trace_sources.py.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -25,7 +26,11 @@ _FALSE = {"false", "0", "no", "n", "fail", "failed", "failure"}
 
 
 def iso_ms(epoch_ms: float) -> str:
-    return datetime.fromtimestamp(epoch_ms / 1000, tz=timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return (
+        datetime.fromtimestamp(epoch_ms / 1000, tz=timezone.utc)
+        .isoformat(timespec="milliseconds")
+        .replace("+00:00", "Z")
+    )
 
 
 def as_bool(v: Any) -> Any:
@@ -101,11 +106,15 @@ def normalize_tools(items) -> list:
     out, seen = [], set()
     for t in items if isinstance(items, list) else ():
         if isinstance(t, dict) and "function" not in t and "name" in t:
-            t = {"type": t.get("type", "function"),
-                 "function": {k: t[k] for k in ("name", "description", "parameters") if t.get(k) is not None}}
+            t = {
+                "type": t.get("type", "function"),
+                "function": {k: t[k] for k in ("name", "description", "parameters") if t.get(k) is not None},
+            }
         elif isinstance(t, dict) and "type" not in t:
             t = {"type": "function", **t}
-        name = t.get("function", {}).get("name") if isinstance(t, dict) and isinstance(t.get("function"), dict) else None
+        name = (
+            t.get("function", {}).get("name") if isinstance(t, dict) and isinstance(t.get("function"), dict) else None
+        )
         if name is not None and name in seen:
             continue
         seen.add(name)
@@ -115,8 +124,13 @@ def normalize_tools(items) -> list:
 
 def error_tool_messages(messages: list) -> int:
     """Tool errors when no tool span says: tool messages answering a call that start with "error"."""
-    return sum(isinstance(m, dict) and m.get("role") == "tool" and "tool_call_id" in m
-               and str(m.get("content") or "").startswith("error") for m in messages)
+    return sum(
+        isinstance(m, dict)
+        and m.get("role") == "tool"
+        and "tool_call_id" in m
+        and str(m.get("content") or "").startswith("error")
+        for m in messages
+    )
 
 
 def missing_fields(row: dict) -> list[str]:
@@ -124,8 +138,11 @@ def missing_fields(row: dict) -> list[str]:
     if row.get("messages") == []:
         miss.append("messages")
     miss += [f"model.{k}" for k in ("name", "version") if isinstance(row.get("model"), dict) and k not in row["model"]]
-    miss += [f"outcome.{k}" for k in ("success", "tool_errors", "prompt_tokens", "completion_tokens")
-             if isinstance(row.get("outcome"), dict) and k not in row["outcome"]]
+    miss += [
+        f"outcome.{k}"
+        for k in ("success", "tool_errors", "prompt_tokens", "completion_tokens")
+        if isinstance(row.get("outcome"), dict) and k not in row["outcome"]
+    ]
     return miss
 
 
@@ -142,8 +159,16 @@ class Partitions:
 
     def __init__(self, out_dir: str | Path, name: str, source: str, **counters: int):
         self.out, self.name, self._files = Path(out_dir), name, {}
-        self.summary: dict = {"source": source, "traces": 0, "written": 0, "unmappable": 0, "incomplete": 0,
-                              **counters, "missing": Counter(), "files": []}
+        self.summary: dict = {
+            "source": source,
+            "traces": 0,
+            "written": 0,
+            "unmappable": 0,
+            "incomplete": 0,
+            **counters,
+            "missing": Counter(),
+            "files": [],
+        }
 
     def _write(self, line: bytes, timestamp: Any) -> None:
         ts = timestamp if isinstance(timestamp, str) else ""
@@ -163,8 +188,9 @@ class Partitions:
             line = json.dumps(row).encode()  # ASCII JSON: any text survives the trip
         except Exception as e:  # noqa: BLE001 - a defect of one trace must neither stop nor silently thin the export
             self.summary["unmappable"] += 1
-            row = drop_none({"trace_id": trace_id, "timestamp": timestamp,
-                             "mapping_error": f"{type(e).__name__}: {e}"[:1000]})
+            row = drop_none(
+                {"trace_id": trace_id, "timestamp": timestamp, "mapping_error": f"{type(e).__name__}: {e}"[:1000]}
+            )
             self._write(json.dumps(row).encode(), timestamp)
             return
         miss = missing_fields(row)

@@ -10,6 +10,7 @@ date-partitioned paths (`.../2026-12-01/...`, `date=2026-12-01`, `2026/12/01`) o
 not opened; undated files always are. Lines are streamed (tasks.storage.iter_lines): memory does not
 grow with the file. Validating the rows and the window is tasks.signals.rows and tasks.signals.ingest.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -117,6 +118,7 @@ def numbered_lines(uri: str) -> Iterator[tuple[int, bytes]]:
         for line_no, raw in enumerate(iter_file_lines(uri), start=1):
             yield line_no, raw
     except (EOFError, OSError, zlib.error) as e:
-        raise IngestError(f"{uri}: unreadable after line {line_no} ({type(e).__name__}: {e}); "
-                          "repair or remove the file and ingest the window again") from None
-
+        raise IngestError(
+            f"{uri}: unreadable after line {line_no} ({type(e).__name__}: {e}); "
+            "repair or remove the file and ingest the window again"
+        ) from None

@@ -17,14 +17,15 @@ rounded down to 16 buckets per doubling (256, 272, ..., 496, 512, 544, ..., 1024
 relative bucket width of at most 1/16. At most ~450 distinct keys up to 1M tokens. The KS statistic is
 that of the bucketed values (it can only be smaller than the raw one, by at most one bucket's mass).
 """
+
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 
-_EXACT_BELOW = 256          # prompt tokens below this are counted exactly
-_MANTISSA_BITS = 4          # above it: 2**4 = 16 buckets per doubling
+_EXACT_BELOW = 256  # prompt tokens below this are counted exactly
+_MANTISSA_BITS = 4  # above it: 2**4 = 16 buckets per doubling
 _FORMAT_VERSION = 1
 
 
@@ -51,7 +52,7 @@ class WorkloadStats:
     n: int = 0
     successes: int = 0
     with_tool_error: int = 0
-    prompt_tokens: Counter = field(default_factory=Counter)     # bucketed, see bucket_prompt_tokens
+    prompt_tokens: Counter = field(default_factory=Counter)  # bucketed, see bucket_prompt_tokens
     turns: Counter = field(default_factory=Counter)
     tool_calls: Counter = field(default_factory=Counter)
     tool_names: Counter = field(default_factory=Counter)
@@ -69,20 +70,31 @@ class WorkloadStats:
         # JSON keys are strings; sorted so that equal stats serialise identically
         def hist(c: Counter) -> dict:
             return {str(k): c[k] for k in sorted(c)}
-        return {"n": self.n, "successes": self.successes, "with_tool_error": self.with_tool_error,
-                "prompt_tokens": hist(self.prompt_tokens), "turns": hist(self.turns),
-                "tool_calls": hist(self.tool_calls), "tool_names": hist(self.tool_names)}
+
+        return {
+            "n": self.n,
+            "successes": self.successes,
+            "with_tool_error": self.with_tool_error,
+            "prompt_tokens": hist(self.prompt_tokens),
+            "turns": hist(self.turns),
+            "tool_calls": hist(self.tool_calls),
+            "tool_names": hist(self.tool_names),
+        }
 
     @classmethod
     def from_dict(cls, d: dict) -> WorkloadStats:
         missing = [f.name for f in fields(cls) if f.name not in d]
         if missing:
             raise ValueError(f"workload stats lack {missing}; expected the output of WorkloadStats.to_dict()")
-        return cls(n=int(d["n"]), successes=int(d["successes"]), with_tool_error=int(d["with_tool_error"]),
-                   prompt_tokens=_int_counter(d["prompt_tokens"], "prompt_tokens"),
-                   turns=_int_counter(d["turns"], "turns"),
-                   tool_calls=_int_counter(d["tool_calls"], "tool_calls"),
-                   tool_names=Counter({str(k): int(v) for k, v in d["tool_names"].items()}))
+        return cls(
+            n=int(d["n"]),
+            successes=int(d["successes"]),
+            with_tool_error=int(d["with_tool_error"]),
+            prompt_tokens=_int_counter(d["prompt_tokens"], "prompt_tokens"),
+            turns=_int_counter(d["turns"], "turns"),
+            tool_calls=_int_counter(d["tool_calls"], "tool_calls"),
+            tool_names=Counter({str(k): int(v) for k, v in d["tool_names"].items()}),
+        )
 
 
 @dataclass(slots=True)
@@ -91,8 +103,17 @@ class WindowStats:
 
     workloads: dict[str, WorkloadStats] = field(default_factory=dict)
 
-    def add(self, workload: str, *, success: bool, tool_errors: int, prompt_tokens: int, turns: int,
-            tool_calls: int, tool_names: Sequence[str]) -> None:
+    def add(
+        self,
+        workload: str,
+        *,
+        success: bool,
+        tool_errors: int,
+        prompt_tokens: int,
+        turns: int,
+        tool_calls: int,
+        tool_names: Sequence[str],
+    ) -> None:
         # Hot path (once per trace): plain attribute and Counter updates only. Checked before any update so
         # a bad trace leaves the stats untouched; `a | b` of ints is negative iff one of them is.
         try:
@@ -100,15 +121,17 @@ class WindowStats:
         except TypeError:
             # not all ints: JSON Schema's "integer" also admits 512.0, so integral floats are accepted
             values = (tool_errors, prompt_tokens, turns, tool_calls)
-            bad = not all(isinstance(v, float) and v.is_integer() and v >= 0 or isinstance(v, int) and v >= 0
-                          for v in values) or isinstance(tool_names, str)
+            bad = not all(
+                isinstance(v, float) and v.is_integer() and v >= 0 or isinstance(v, int) and v >= 0 for v in values
+            ) or isinstance(tool_names, str)
             if not bad:
                 tool_errors, prompt_tokens, turns, tool_calls = map(int, values)
         if bad:
             raise ValueError(
                 f"trace of workload {workload!r}: tool_errors={tool_errors!r}, prompt_tokens={prompt_tokens!r}, "
                 f"turns={turns!r}, tool_calls={tool_calls!r} must be non-negative ints and tool_names a "
-                f"list of names (got {tool_names!r}); fix the trace parser")
+                f"list of names (got {tool_names!r}); fix the trace parser"
+            )
         w = self.workloads.get(workload)
         if w is None:
             w = self.workloads[workload] = WorkloadStats()
@@ -117,8 +140,7 @@ class WindowStats:
             w.successes += 1
         if tool_errors:
             w.with_tool_error += 1
-        w.prompt_tokens[bucket_prompt_tokens(prompt_tokens) if prompt_tokens >= _EXACT_BELOW
-                        else prompt_tokens] += 1
+        w.prompt_tokens[bucket_prompt_tokens(prompt_tokens) if prompt_tokens >= _EXACT_BELOW else prompt_tokens] += 1
         w.turns[turns] += 1
         w.tool_calls[tool_calls] += 1
         for name in tool_names:
@@ -135,13 +157,17 @@ class WindowStats:
         return sum(w.n for w in self.workloads.values())
 
     def to_dict(self) -> dict:
-        return {"version": _FORMAT_VERSION, "prompt_token_buckets": f"exact<{_EXACT_BELOW}, "
-                f"{2 ** _MANTISSA_BITS} per doubling above",
-                "workloads": {name: self.workloads[name].to_dict() for name in sorted(self.workloads)}}
+        return {
+            "version": _FORMAT_VERSION,
+            "prompt_token_buckets": f"exact<{_EXACT_BELOW}, {2**_MANTISSA_BITS} per doubling above",
+            "workloads": {name: self.workloads[name].to_dict() for name in sorted(self.workloads)},
+        }
 
     @classmethod
     def from_dict(cls, d: dict) -> WindowStats:
         if d.get("version") != _FORMAT_VERSION or "workloads" not in d:
-            raise ValueError(f"window stats of version {d.get('version')!r}, expected {_FORMAT_VERSION} with "
-                             "'workloads'; recompute them from the traces with this code")
+            raise ValueError(
+                f"window stats of version {d.get('version')!r}, expected {_FORMAT_VERSION} with "
+                "'workloads'; recompute them from the traces with this code"
+            )
         return cls({name: WorkloadStats.from_dict(w) for name, w in d["workloads"].items()})

@@ -9,6 +9,7 @@ Models allow extra fields where a stage passes on a richer report (the monitor's
 drift tests), so that adding a field never breaks an old reader; `schema_version` changes when a field
 changes meaning or goes away.
 """
+
 from __future__ import annotations
 
 from typing import Literal
@@ -25,6 +26,7 @@ class _Contract(BaseModel):
 
 class DataVerdict(_Contract):
     """validate_data's verdict on the production window (signals.json)."""
+
     retrain: bool
     reasons: list[str] = []
     summary: str
@@ -32,12 +34,16 @@ class DataVerdict(_Contract):
     rows: dict = {}
     data_validation: str = Field(description="passed | failed | no data")
     no_champion: bool = False
-    production_tasks: dict = Field({}, description="tasks from the window's traces: used (whether GRPO trains on "
-                                   "them), reason, train, eval, traces, unverifiable, path")
+    production_tasks: dict = Field(
+        {},
+        description="tasks from the window's traces: used (whether GRPO trains on "
+        "them), reason, train, eval, traces, unverifiable, path",
+    )
 
 
 class TrainingChoice(_Contract):
     """should_train's answer (should_train.json): the branch and the skip read it, nobody recomputes it."""
+
     train: bool
     reason: str
 
@@ -45,6 +51,7 @@ class TrainingChoice(_Contract):
 class Decision(_Contract):
     """The gate's decision (decision.json; tasks.promotion.gate.decide builds it): move_aliases, the
     summary and the page read it."""
+
     promote: bool
     checks: list[dict] = Field(description="one per check: name, passed, observed, threshold, unit, reason")
     reasons: list[str] = Field(description="the failed checks' reasons, or one line saying why it is promoted")
@@ -56,6 +63,7 @@ class Decision(_Contract):
 
 class ClusterInfo(_Contract):
     """The run's Ray cluster as its setup describes it; drivers and the Ray job connect with it."""
+
     backend: Literal["local", "address", "kuberay"]
     address: str
     dashboard_url: str | None = None
@@ -73,6 +81,7 @@ class Interval(BaseModel):
 
 class Comparison(BaseModel):
     """tasks.evals.harness.compare: challenger against champion on the same tasks, paired."""
+
     model_config = ConfigDict(extra="allow")
     metric: str
     champion: Interval
@@ -82,6 +91,7 @@ class Comparison(BaseModel):
 
 class Comparisons(_Contract):
     """validate_evals' output (comparisons.json), per registry and decoding."""
+
     sampled: dict[str, Comparison]
     greedy: dict[str, Comparison]
     evals_valid: bool
@@ -101,6 +111,7 @@ class SignalsDigest(BaseModel):
 
 class RunSummary(_Contract):
     """summary.json of one run: what the Evergreen page, `make demo` and `python -m tasks demo` show."""
+
     dag_id: str
     run_id: str
     run_dir: str

@@ -12,6 +12,7 @@ cost, gate, move_aliases, teardown, summarize. Same functions, same seeds, so th
 decision as `make demo`; what differs is the cost of the stages (the probes run one after the other
 here, side by side in the DAG).
 """
+
 from __future__ import annotations
 
 import logging
@@ -30,9 +31,12 @@ DEMO_REFERENCE_DAYS = 1
 def demo_settings(settings):
     """The demo's settings: one reference day, and production traces inside the run directory."""
     root = Path(settings.run_dir).resolve()
-    return settings.model_copy(update={
-        "drift": settings.drift.model_copy(update={"reference_days": DEMO_REFERENCE_DAYS}),
-        "monitor": settings.monitor.model_copy(update={"traces": str(root / "production" / "traces")})})
+    return settings.model_copy(
+        update={
+            "drift": settings.drift.model_copy(update={"reference_days": DEMO_REFERENCE_DAYS}),
+            "monitor": settings.monitor.model_copy(update={"traces": str(root / "production" / "traces")}),
+        }
+    )
 
 
 def run_demo(settings, fresh: bool = True):
@@ -50,7 +54,9 @@ def run_demo(settings, fresh: bool = True):
     models.bootstrap(settings, RunDir.for_run(settings, "bootstrap_champion", run_id))
     simulate_production(settings, days=2, tool_change=True)
     verdict = signals.monitor(settings)
-    events = [{"extra": signals.retrain_request_extra(verdict), "source_dag_id": "drift_monitor"}] if verdict["new"] else []
+    events = (
+        [{"extra": signals.retrain_request_extra(verdict), "source_dag_id": "drift_monitor"}] if verdict["new"] else []
+    )
     trigger = {"kind": "cli", "asset_events": events, "params": {}}
 
     rd = RunDir.for_run(settings, "continuous_post_training", run_id)

@@ -1,8 +1,11 @@
 """Champion against challenger on the same held-out tasks, then the paired comparisons the gate judges.
 
+Usage:
+
     evaluate(settings, rd)                 # eval_champion_v<toolset>.jsonl, eval_challenger_v<toolset>.jsonl
     validate_evals(settings, rd)           # GX on every table; comparisons.json (greedy and sampled)
 """
+
 from __future__ import annotations
 
 import logging
@@ -39,26 +42,44 @@ def evaluate(settings, rd) -> dict:
     out: dict = {}
     champ = champion_dir(settings, rd)
     try:
-        pool = RolloutPool(champ, settings, actors=start_rollout_actors(champ, settings, namespace=engine_namespace(rd)))
-        for who, (weights, version) in {"champion": (champ / "model.safetensors", 0),
-                                        "challenger": (rd.path / "grpo" / "model" / "model.safetensors",
-                                                       challenger_version(rd))}.items():
+        pool = RolloutPool(
+            champ, settings, actors=start_rollout_actors(champ, settings, namespace=engine_namespace(rd))
+        )
+        for who, (weights, version) in {
+            "champion": (champ / "model.safetensors", 0),
+            "challenger": (rd.path / "grpo" / "model" / "model.safetensors", challenger_version(rd)),
+        }.items():
             seconds = pool.load_weights(load_file(weights), version=version)
             log.info("%s weights loaded into %d engines in %.3fs", who, len(pool.actors), seconds)
             for toolset in toolsets(settings):
-                result = pool.score_attempts(load_tasks(rd, toolset, settings.env.name), settings.eval.samples,
-                                             settings.rollout.temperature, settings.eval.seed)
+                result = pool.score_attempts(
+                    load_tasks(rd, toolset, settings.env.name),
+                    settings.eval.samples,
+                    settings.rollout.temperature,
+                    settings.eval.seed,
+                )
                 rd.write_lines(result.table, f"eval_{who}_{toolset_label(toolset, settings.env.name)}.jsonl")
-                out.setdefault(who, {})[toolset] = {"greedy": result.summary("greedy_success")["mean"],
-                                                    "sampled": result.summary("sampled_success")["mean"]}
-                log.info("evaluate %s on toolset %s: greedy %.3f, sampled %.3f", who, toolset,
-                         out[who][toolset]["greedy"], out[who][toolset]["sampled"])
+                out.setdefault(who, {})[toolset] = {
+                    "greedy": result.summary("greedy_success")["mean"],
+                    "sampled": result.summary("sampled_success")["mean"],
+                }
+                log.info(
+                    "evaluate %s on toolset %s: greedy %.3f, sampled %.3f",
+                    who,
+                    toolset,
+                    out[who][toolset]["greedy"],
+                    out[who][toolset]["sampled"],
+                )
         pids = pool.engine_pids()
         pool.shutdown()
     finally:
         ray.shutdown()
-    rd.record_timing("evaluate", time.time() - t0, cpus=settings.rollout.num_workers * settings.rollout.cpus_per_worker,
-                     engine_pids=pids)
+    rd.record_timing(
+        "evaluate",
+        time.time() - t0,
+        cpus=settings.rollout.num_workers * settings.rollout.cpus_per_worker,
+        engine_pids=pids,
+    )
     return out
 
 
@@ -79,10 +100,27 @@ def validate_evals(settings, rd) -> dict:
     from tasks.stages.rollouts import toolsets
 
     e = settings.eval
-    tables = {(who, t): eval_table(rd, who, t, settings.env.name) for who in ("champion", "challenger") for t in toolsets(settings)}
-    comparisons = Comparisons(evals_valid=True, **{
-        kind: {t: compare(tables["challenger", t], tables["champion", t], f"{kind}_success", e.interval_resamples,
-                          e.confidence) for t in toolsets(settings)} for kind in ("sampled", "greedy")})
+    tables = {
+        (who, t): eval_table(rd, who, t, settings.env.name)
+        for who in ("champion", "challenger")
+        for t in toolsets(settings)
+    }
+    comparisons = Comparisons(
+        evals_valid=True,
+        **{
+            kind: {
+                t: compare(
+                    tables["challenger", t],
+                    tables["champion", t],
+                    f"{kind}_success",
+                    e.interval_resamples,
+                    e.confidence,
+                )
+                for t in toolsets(settings)
+            }
+            for kind in ("sampled", "greedy")
+        },
+    )
     tracker = tracker_of(settings)
     docs = rd.path / "gx_docs_evals"  # GX data docs of the eval tables: where a failed validation points
     validator = Validator(docs)
@@ -96,14 +134,23 @@ def validate_evals(settings, rd) -> dict:
             comparisons.evals_valid &= outcome.success
             tracker.log_artifact(rd.path / f"eval_{who}_{toolset_label(toolset, settings.env.name)}.jsonl", "evals")
         for kind, by_toolset in (("sampled", comparisons.sampled), ("greedy", comparisons.greedy)):
-            tracker.log_metrics({f"{label(t)}.{kind}.{who}": getattr(c, who).mean for t, c in by_toolset.items()
-                                 for who in ("champion", "challenger")})
-        tracker.log_metrics({f"{label(t)}.greedy.difference_low": c.difference.low
-                             for t, c in comparisons.greedy.items()})
+            tracker.log_metrics(
+                {
+                    f"{label(t)}.{kind}.{who}": getattr(c, who).mean
+                    for t, c in by_toolset.items()
+                    for who in ("champion", "challenger")
+                }
+            )
+        tracker.log_metrics(
+            {f"{label(t)}.greedy.difference_low": c.difference.low for t, c in comparisons.greedy.items()}
+        )
         tracker.set_tags({"evergreen.eval_validation": "passed" if comparisons.evals_valid else "failed"})
     rd.write(comparisons, "comparisons.json")
     if not comparisons.evals_valid:
         log.warning("eval tables failed GX validation: the gate will refuse to promote (see gx_docs_evals/)")
     t = settings.env.target_toolset
-    return {"evals_valid": comparisons.evals_valid, "target_greedy": comparisons.greedy[t].difference.model_dump(),
-            "target_sampled": comparisons.sampled[t].difference.model_dump()}
+    return {
+        "evals_valid": comparisons.evals_valid,
+        "target_greedy": comparisons.greedy[t].difference.model_dump(),
+        "target_sampled": comparisons.sampled[t].difference.model_dump(),
+    }

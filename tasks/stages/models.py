@@ -6,6 +6,7 @@
 
 "bootstrap" here is the SFT of the first champion; the statistical bootstrap (intervals) is tasks.evals.intervals.
 """
+
 from __future__ import annotations
 
 import json
@@ -45,8 +46,10 @@ def fetch_champion(settings, dest: Path) -> Path:
             version = str(MlflowClient().get_model_version_by_alias(settings.promotion.model_name, "champion").version)
             got = resolve_model_dir(f"models:/{settings.promotion.model_name}/{version}", cache_dir=scratch)
         except Exception as e:  # noqa: BLE001 - MLflow raises several types for a missing alias
-            raise RuntimeError(f"no champion in the MLflow registry ({uri}): run the bootstrap_champion DAG first "
-                               f"({type(e).__name__}: {e})") from e
+            raise RuntimeError(
+                f"no champion in the MLflow registry ({uri}): run the bootstrap_champion DAG first "
+                f"({type(e).__name__}: {e})"
+            ) from e
         try:
             got.rename(dest)
             write_atomic(dest.with_name(dest.name + ".json"), json.dumps({"version": version, "uri": uri}))
@@ -84,9 +87,15 @@ def sft_champion(settings, out_dir: str | Path) -> dict:
     losses = sft_train(model, chat, settings) if settings.bootstrap.steps else []
     toolset = get_env(settings.env.name).load_toolset(settings.env.champion_toolset)
     path = save_model(model, chat, out_dir, toolset=toolset)
-    stats = {"model_dir": str(path), "sft_steps": len(losses), "final_loss": losses[-1] if losses else None,
-             "seconds": time.time() - t0, "parameters": sum(p.numel() for p in model.parameters()),
-             "architecture": type(model).__name__, "source": ms.name_or_path or "embedded default"}
+    stats = {
+        "model_dir": str(path),
+        "sft_steps": len(losses),
+        "final_loss": losses[-1] if losses else None,
+        "seconds": time.time() - t0,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "architecture": type(model).__name__,
+        "source": ms.name_or_path or "embedded default",
+    }
     log.info("sft: %s", stats)
     return stats
 
@@ -101,24 +110,45 @@ def bootstrap(settings, rd, force: bool = False) -> dict:
     registry = ModelRegistry(settings.promotion.model_name)
     current = registry.version_of(CHAMPION)
     if current is not None and not force:
-        log.info("registry %s already has champion version %s; nothing to do (force=true retrains)",
-                 settings.promotion.model_name, current)
+        log.info(
+            "registry %s already has champion version %s; nothing to do (force=true retrains)",
+            settings.promotion.model_name,
+            current,
+        )
         return {"champion": current, "bootstrapped": False}
     out = rd.path / "model"
     t0 = time.time()
     stats = sft_champion(settings, out) if not (out / "config.json").exists() else {"model_dir": str(out)}
-    with tracker.pipeline_run("bootstrap_champion", settings=settings,
-                              tags={"airflow.dag_id": rd.dag_id, "airflow.run_id": rd.run_id}):
+    with tracker.pipeline_run(
+        "bootstrap_champion", settings=settings, tags={"airflow.dag_id": rd.dag_id, "airflow.run_id": rd.run_id}
+    ):
         with tracker.stage("bootstrap") as stage:
-            tracker.log_metrics({k: v for k, v in stats.items()
-                                 if k in ("sft_steps", "final_loss", "seconds", "parameters") and v is not None})
+            tracker.log_metrics(
+                {
+                    k: v
+                    for k, v in stats.items()
+                    if k in ("sft_steps", "final_loss", "seconds", "parameters") and v is not None
+                }
+            )
             tracker.log_model(out)
-            version = registry.register(stage.info.run_id, "model", run_key=f"{rd.run_id}:bootstrap", tags={
-                "evergreen.kind": "bootstrap", "evergreen.registry": settings.env.champion_toolset})
+            version = registry.register(
+                stage.info.run_id,
+                "model",
+                run_key=f"{rd.run_id}:bootstrap",
+                tags={"evergreen.kind": "bootstrap", "evergreen.registry": settings.env.champion_toolset},
+            )
             if registry.version_of(CHAMPION) is None:
-                registry.promote(version, run_key=f"{rd.run_id}:bootstrap",
-                                 decision={"promote": True, "reasons": ["first model: the registry had no champion"]})
-    result = {"champion": registry.version_of(CHAMPION), "bootstrapped": True, "seconds": time.time() - t0,
-              "aliases": registry.aliases(), **{k: v for k, v in stats.items() if k != "model_dir"}}
+                registry.promote(
+                    version,
+                    run_key=f"{rd.run_id}:bootstrap",
+                    decision={"promote": True, "reasons": ["first model: the registry had no champion"]},
+                )
+    result = {
+        "champion": registry.version_of(CHAMPION),
+        "bootstrapped": True,
+        "seconds": time.time() - t0,
+        "aliases": registry.aliases(),
+        **{k: v for k, v in stats.items() if k != "model_dir"},
+    }
     log.info("bootstrap: %s", result)
     return result

@@ -1,10 +1,13 @@
 """Whether the challenger ships: what the run cost, the gate's decision, the model registry's aliases.
 
+Usage:
+
     cost(settings, rd)           # cost.json: every stage's held resources priced, plus the serving change
     gate(settings, rd)           # decision.json: tasks.promotion.gate.decide, budget included
     move_aliases(settings, rd)   # register the challenger; move champion/previous on promote
     rollback(settings, rd, confirm=True, reason="...")   # champion := previous
 """
+
 from __future__ import annotations
 
 import json
@@ -28,19 +31,31 @@ def cost(settings, rd) -> dict:
     stages = []
     for f in sorted((rd.path / "timings").glob("*.json")):
         t = json.loads(f.read_text())
-        stages.append(StageUsage(t["stage"], t["wall_s"], cpus=t["cpus"], tokens_generated=t.get("tokens_generated", 0),
-                                 tokens_trained=t.get("tokens_trained", 0)))
+        stages.append(
+            StageUsage(
+                t["stage"],
+                t["wall_s"],
+                cpus=t["cpus"],
+                tokens_generated=t.get("tokens_generated", 0),
+                tokens_trained=t.get("tokens_trained", 0),
+            )
+        )
     target = settings.env.target_toolset
 
     def tokens(who):
         table = eval_table(rd, who, target, settings.env.name).table
         return sum(r.get("greedy_completion_tokens", 0) for r in table) / max(1, len(table))
 
-    report = price_run(settings, _chosen(settings, rd), stages, ServingProjection(tokens("champion"), tokens("challenger")))
+    report = price_run(
+        settings, _chosen(settings, rd), stages, ServingProjection(tokens("champion"), tokens("challenger"))
+    )
     rd.write(report, "cost.json")
     log.info("cost: run $%.4f, total $%.4f over %d stages", report["run_usd"], report["total_usd"], len(stages))
-    return {"run_usd": report["run_usd"], "total_usd": report["total_usd"],
-            "usd_per_success_point": report["usd_per_success_point"]}
+    return {
+        "run_usd": report["run_usd"],
+        "total_usd": report["total_usd"],
+        "usd_per_success_point": report["usd_per_success_point"],
+    }
 
 
 def gate(settings, rd) -> dict:
@@ -49,8 +64,10 @@ def gate(settings, rd) -> dict:
     from tasks.promotion.step import judge
 
     signals = rd.read("signals.json") or {}
-    validations = {"data": signals.get("data_validation") == "passed",
-                   "evals": bool(rd.read("comparisons.json")["evals_valid"])}
+    validations = {
+        "data": signals.get("data_validation") == "passed",
+        "evals": bool(rd.read("comparisons.json")["evals_valid"]),
+    }
     decision = judge(settings, _chosen(settings, rd), validations, rd.read("cost.json"))
     rd.write(decision.to_dict(), "decision.json")
     log.info("gate: %s: %s", "PROMOTE" if decision.promote else "do not promote", decision.summary)
@@ -68,11 +85,17 @@ def move_aliases(settings, rd) -> dict:
 
     decision = Decision.model_validate(rd.read("decision.json"))
     with stage_run(settings, rd, "promotion"):
-        result = apply_decision(settings, decision, rd.read("cost.json"), _chosen(settings, rd),
-                                rd.read("run.json")["mlflow_run_id"], rd.run_id, tracker=tracker_of(settings),
-                                version_tags={"evergreen.policy_version": str(challenger_version(rd)),
-                                              "airflow.run_id": rd.run_id},
-                                champion_version=(rd.read("champion.json") or {}).get("version"))
+        result = apply_decision(
+            settings,
+            decision,
+            rd.read("cost.json"),
+            _chosen(settings, rd),
+            rd.read("run.json")["mlflow_run_id"],
+            rd.run_id,
+            tracker=tracker_of(settings),
+            version_tags={"evergreen.policy_version": str(challenger_version(rd)), "airflow.run_id": rd.run_id},
+            champion_version=(rd.read("champion.json") or {}).get("version"),
+        )
     rd.write(result, "promotion.json")
     return {"version": result["version"], "aliases": result["aliases"], "promoted": decision.promote}
 
@@ -81,8 +104,9 @@ def rollback(settings, rd, confirm: bool = False, reason: str = "") -> dict:
     """champion := previous, once per run (its moves are journalled by run key: a retry moves nothing
     twice); refuses without confirm."""
     if not confirm:
-        raise PermissionError("rollback moves the production alias: trigger it with the param confirm=true "
-                              "(and a reason)")
+        raise PermissionError(
+            "rollback moves the production alias: trigger it with the param confirm=true (and a reason)"
+        )
     from tasks.promotion.registry import ModelRegistry
     from tasks.stages.report import tracker_of
 

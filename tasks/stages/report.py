@@ -8,6 +8,7 @@
 `format_summary` is the one text rendering of a run: the DAG's summarize log, `make demo` and
 `python -m tasks demo` print it.
 """
+
 from __future__ import annotations
 
 import json
@@ -46,7 +47,9 @@ def preflight(settings) -> None:
         try:
             env.load_toolset(getattr(settings.env, field))
         except Exception as e:  # noqa: BLE001 (files, URLs, MCP servers: each loader's own error, re-labelled)
-            raise ValueError(f"env.{field}={getattr(settings.env, field)!r} cannot be read: {type(e).__name__}: {e}") from e
+            raise ValueError(
+                f"env.{field}={getattr(settings.env, field)!r} cannot be read: {type(e).__name__}: {e}"
+            ) from e
 
 
 def open_run(settings, rd, trigger: dict) -> dict:
@@ -61,12 +64,26 @@ def open_run(settings, rd, trigger: dict) -> dict:
     tracker = tracker_of(settings)
     # what the run's params changed (tasks/run_params.py allowed it): a tag per field, and run.json for the page
     overrides = overrides_from_params(trigger.get("params") or {})
-    run_id = tracker.open_run(rd.dag_id, settings=settings, tags={
-        "airflow.dag_id": rd.dag_id, "airflow.run_id": rd.run_id, "evergreen.trigger": trigger.get("kind", ""),
-        **{f"evergreen.override.{field}": json.dumps(value) for field, value in overrides.items()}})
-    info = {"dag_id": rd.dag_id, "run_id": rd.run_id, "run_dir": str(rd.path), "mlflow_run_id": run_id,
-            "mlflow_url": tracker.url_of(run_id), "started_at": datetime.now(timezone.utc).isoformat(),
-            "trigger": trigger, "overrides": overrides}
+    run_id = tracker.open_run(
+        rd.dag_id,
+        settings=settings,
+        tags={
+            "airflow.dag_id": rd.dag_id,
+            "airflow.run_id": rd.run_id,
+            "evergreen.trigger": trigger.get("kind", ""),
+            **{f"evergreen.override.{field}": json.dumps(value) for field, value in overrides.items()},
+        },
+    )
+    info = {
+        "dag_id": rd.dag_id,
+        "run_id": rd.run_id,
+        "run_dir": str(rd.path),
+        "mlflow_run_id": run_id,
+        "mlflow_url": tracker.url_of(run_id),
+        "started_at": datetime.now(timezone.utc).isoformat(),
+        "trigger": trigger,
+        "overrides": overrides,
+    }
     rd.write(info, "run.json")
     log.info("run %s: MLflow run %s", rd.run_id, info["mlflow_url"])
     return info
@@ -99,8 +116,13 @@ def collect_summary(settings, rd):
 
     run = rd.read("run.json") or {}
     promotion, skip = rd.read("promotion.json"), rd.read("skip.json")
-    status = ("promoted" if promotion["decision"]["promote"] else "not_promoted") if promotion else \
-        "skipped" if skip else "failed"
+    status = (
+        ("promoted" if promotion["decision"]["promote"] else "not_promoted")
+        if promotion
+        else "skipped"
+        if skip
+        else "failed"
+    )
     signals = rd.read("signals.json") or {}
     drift = (rd.read("signals", "monitor", "drift_report.json") or {}).get("tests", [])
     tooldiff = rd.read("signals", "monitor", "tooldiff.json") or {}
@@ -109,33 +131,55 @@ def collect_summary(settings, rd):
     now = datetime.now(timezone.utc)
     move = (promotion or {}).get("move") or {}
     return RunSummary(
-        dag_id=rd.dag_id, run_id=rd.run_id, run_dir=str(rd.path), status=status, started_at=started,
+        dag_id=rd.dag_id,
+        run_id=rd.run_id,
+        run_dir=str(rd.path),
+        status=status,
+        started_at=started,
         overrides=run.get("overrides") or {},
-        finished_at=now.isoformat(), trigger=run.get("trigger", {}), skip_reason=(skip or {}).get("reason"),
+        finished_at=now.isoformat(),
+        trigger=run.get("trigger", {}),
+        skip_reason=(skip or {}).get("reason"),
         signals=SignalsDigest(
             **{k: signals.get(k) for k in ("retrain", "summary", "window", "rows", "data_validation")},
             production_tasks=signals.get("production_tasks") or {},
             reasons=signals.get("reasons", []),
-            drift=[{k: t.get(k) for k in ("workload", "statistic", "effect", "p_adjusted", "significant", "verdict")}
-                   for t in drift],
-            tooldiff={"breaking": (tooldiff.get("counts") or {}).get("breaking", 0), "summary": tooldiff.get("summary"),
-                      "changes": [_change_text(c) for c in (tooldiff.get("changes") or [])][:40]}),
-        target_toolset=settings.env.target_toolset, guard_toolsets=toolsets(settings)[1:],
-        greedy=comparisons.get("greedy"), sampled=comparisons.get("sampled"),
+            drift=[
+                {k: t.get(k) for k in ("workload", "statistic", "effect", "p_adjusted", "significant", "verdict")}
+                for t in drift
+            ],
+            tooldiff={
+                "breaking": (tooldiff.get("counts") or {}).get("breaking", 0),
+                "summary": tooldiff.get("summary"),
+                "changes": [_change_text(c) for c in (tooldiff.get("changes") or [])][:40],
+            },
+        ),
+        target_toolset=settings.env.target_toolset,
+        guard_toolsets=toolsets(settings)[1:],
+        greedy=comparisons.get("greedy"),
+        sampled=comparisons.get("sampled"),
         probe=[json.loads(f.read_text()) for f in sorted((rd.path / "probe").glob("shard-*.json"))],
-        training={**metrics_digest(rd.path / "grpo" / "metrics.jsonl"),
-                  **({"resumed_from": r} if (r := (rd.read("grpo_job.json") or {}).get("resumed_from")) else {})},
+        training={
+            **metrics_digest(rd.path / "grpo" / "metrics.jsonl"),
+            **({"resumed_from": r} if (r := (rd.read("grpo_job.json") or {}).get("resumed_from")) else {}),
+        },
         promotion=promotion,
         # the champion the challenger was measured against: the alias moved from it, or (not promoted) it
         # still holds it
         champion_version=(move.get("from") or promotion["aliases"].get("champion")) if promotion else None,
         challenger_version=(promotion or {}).get("version"),
-        links={"mlflow_run": run.get("mlflow_url"), "ray_dashboard": (rd.read("cluster.json") or {}).get("dashboard_url"),
-               "ray_job_id": (rd.read("grpo_job.json") or {}).get("job_id"),
-               "airflow_run": None if run.get("trigger", {}).get("kind") == "cli" else f"/dags/{rd.dag_id}/runs/{rd.run_id}",
-               "run_dir": str(rd.path)},
+        links={
+            "mlflow_run": run.get("mlflow_url"),
+            "ray_dashboard": (rd.read("cluster.json") or {}).get("dashboard_url"),
+            "ray_job_id": (rd.read("grpo_job.json") or {}).get("job_id"),
+            "airflow_run": None
+            if run.get("trigger", {}).get("kind") == "cli"
+            else f"/dags/{rd.dag_id}/runs/{rd.run_id}",
+            "run_dir": str(rd.path),
+        },
         timings={f.stem: json.loads(f.read_text())["wall_s"] for f in sorted((rd.path / "timings").glob("*.json"))},
-        wall_s=(now - datetime.fromisoformat(started)).total_seconds() if started else None)
+        wall_s=(now - datetime.fromisoformat(started)).total_seconds() if started else None,
+    )
 
 
 def _change_text(change) -> str:
@@ -148,32 +192,43 @@ def format_summary(summary) -> str:
     """Plain-text summary of one run (the task log, `make demo`, `python -m tasks demo`)."""
     from tasks.evals.harness import format_interval
 
-    lines = ["=" * 78, f"{summary.dag_id} {summary.run_id}: {summary.status.upper()}",
-             f"  trigger: {summary.trigger.get('kind') or 'unknown'}"]
+    lines = [
+        "=" * 78,
+        f"{summary.dag_id} {summary.run_id}: {summary.status.upper()}",
+        f"  trigger: {summary.trigger.get('kind') or 'unknown'}",
+    ]
     if (summary.training or {}).get("resumed_from"):
         r = summary.training["resumed_from"]
-        lines.append(f"  training resumed from run {r.get('run')} at step {r.get('step')} (same champion, toolsets, settings)")
+        lines.append(
+            f"  training resumed from run {r.get('run')} at step {r.get('step')} (same champion, toolsets, settings)"
+        )
     if summary.overrides:
         lines.append("  changed by the run's params: " + ", ".join(f"{k}={v!r}" for k, v in summary.overrides.items()))
     sig = summary.signals
     if sig.window:
         lines.append(f"  signals {sig.window}: retrain={sig.retrain}; {str(sig.summary)[:150]}")
     if prod := sig.production_tasks:
-        lines.append(f"  tasks from production: {prod.get('train', 0)} train, {prod.get('eval', 0)} held out"
-                     + (", trained on" if prod.get("used") else f"; not trained on: {prod.get('reason')}"))
+        lines.append(
+            f"  tasks from production: {prod.get('train', 0)} train, {prod.get('eval', 0)} held out"
+            + (", trained on" if prod.get("used") else f"; not trained on: {prod.get('reason')}")
+        )
     if summary.skip_reason:
         lines.append(f"  skipped: {summary.skip_reason}")
     for kind in ("greedy", "sampled"):
         for reg, c in (getattr(summary, kind) or {}).items():
-            lines.append(f"  [{kind:7s}] toolset v{reg}: champion {format_interval(c.champion.model_dump())} -> "
-                         f"challenger {format_interval(c.challenger.model_dump())}  "
-                         f"diff {format_interval(c.difference.model_dump(), points=True)}")
+            lines.append(
+                f"  [{kind:7s}] toolset v{reg}: champion {format_interval(c.champion.model_dump())} -> "
+                f"challenger {format_interval(c.challenger.model_dump())}  "
+                f"diff {format_interval(c.difference.model_dump(), points=True)}"
+            )
     promo = summary.promotion
     if promo:  # free-form (the page shows hand-written and older summaries too): absent parts are left out
         d, c = promo.get("decision") or {}, promo.get("cost") or {}
         if d:
-            lines.append(f"  decision: {'PROMOTED' if d.get('promote') else 'not promoted'} {promo.get('model_name')} "
-                         f"version {promo.get('version')}; aliases {promo.get('aliases')}")
+            lines.append(
+                f"  decision: {'PROMOTED' if d.get('promote') else 'not promoted'} {promo.get('model_name')} "
+                f"version {promo.get('version')}; aliases {promo.get('aliases')}"
+            )
         usd = [c.get(k) for k in ("total_usd", "run_usd")]
         if all(isinstance(v, (int, float)) for v in usd):
             lines.append(f"  cost ${usd[0]:.4f} (run ${usd[1]:.4f}); {str(d.get('summary', ''))[:160]}")

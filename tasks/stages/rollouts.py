@@ -7,6 +7,7 @@ champion's probe rollouts on the run's Ray cluster.
 
 A toolset is one version of the tool registry (its schemas); the model registry is MLflow's.
 """
+
 from __future__ import annotations
 
 import logging
@@ -49,8 +50,9 @@ def pin_toolsets(settings, rd):
             try:
                 toolset = get_env(settings.env.name).load_toolset(source)
             except Exception as e:  # noqa: BLE001 (any backend's failure; the error is passed on in the log)
-                log.warning("toolset %s=%s not pinned (%s: %s); stages read it themselves", field, source,
-                            type(e).__name__, e)
+                log.warning(
+                    "toolset %s=%s not pinned (%s: %s); stages read it themselves", field, source, type(e).__name__, e
+                )
                 continue
             path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
@@ -58,8 +60,9 @@ def pin_toolsets(settings, rd):
                 json.dump({**toolset, "x-evergreen-source": source}, f)
             try:
                 os.link(tmp, path)
-                log.info("toolset %s=%s pinned for this run at %s (%d tools)", field, source, path,
-                         len(toolset["tools"]))
+                log.info(
+                    "toolset %s=%s pinned for this run at %s (%d tools)", field, source, path, len(toolset["tools"])
+                )
             except FileExistsError:
                 pass  # another task of this run pinned it first: its copy is the run's
             finally:
@@ -75,8 +78,9 @@ def eval_tasks(settings, toolset: str):
     from tasks.envs import get_env
 
     env = get_env(settings.env.name)
-    return env.generate_tasks(settings.eval.num_tasks, settings.eval.seed, env.load_toolset(toolset),
-                              split=settings.eval.split)
+    return env.generate_tasks(
+        settings.eval.num_tasks, settings.eval.seed, env.load_toolset(toolset), split=settings.eval.split
+    )
 
 
 def build_tasks(settings, rd, toolset: str) -> dict:
@@ -84,9 +88,16 @@ def build_tasks(settings, rd, toolset: str) -> dict:
     from collections import Counter
 
     tasks = eval_tasks(settings, toolset)
-    path = rd.write_lines([t.to_dict() for t in tasks], "tasks", f"eval_{toolset_label(toolset, settings.env.name)}.jsonl")
-    out = {"toolset": toolset, "tasks": len(tasks), "families": dict(Counter(t.family for t in tasks)),
-           "path": str(path), "role": "target" if toolset == settings.env.target_toolset else "guard"}
+    path = rd.write_lines(
+        [t.to_dict() for t in tasks], "tasks", f"eval_{toolset_label(toolset, settings.env.name)}.jsonl"
+    )
+    out = {
+        "toolset": toolset,
+        "tasks": len(tasks),
+        "families": dict(Counter(t.family for t in tasks)),
+        "path": str(path),
+        "role": "target" if toolset == settings.env.target_toolset else "guard",
+    }
     log.info("built %d eval tasks for toolset %s: %s", len(tasks), toolset, out["families"])
     return out
 
@@ -97,8 +108,9 @@ def load_tasks(rd, toolset: str, env: str | None = None):
 
     name = f"eval_{toolset_label(toolset, env)}.jsonl"
     if not (rd.path / "tasks" / name).exists():
-        raise FileNotFoundError(f"{rd.path / 'tasks' / name} is missing: the build_tasks stage writes it "
-                                "(was it skipped or cleared?)")
+        raise FileNotFoundError(
+            f"{rd.path / 'tasks' / name} is missing: the build_tasks stage writes it (was it skipped or cleared?)"
+        )
     return [Task.from_dict(row) for row in rd.read_lines("tasks", name)]
 
 
@@ -153,11 +165,14 @@ def probe_rollouts(settings, rd, shard: int, num_shards: int) -> dict:
     kept = shard < settings.rollout.num_workers
     try:
         tasks = training_tasks(settings, 0)[shard::num_shards]
-        actors = start_rollout_actors(champ, settings, indices=[shard], namespace=engine_namespace(rd) if kept else None)
+        actors = start_rollout_actors(
+            champ, settings, indices=[shard], namespace=engine_namespace(rd) if kept else None
+        )
         pool = RolloutPool(champ, one, actors=actors, first_core=shard)
         pool.load_weights(load_file(champ / "model.safetensors"), version=0)  # a rerun finds the engine as GRPO left it
-        records = pool.run_batch(tasks, settings.rollout.group_size, rd.path / "probe" / f"shard-{shard}",
-                                 seed=settings.grpo.seed + shard)
+        records = pool.run_batch(
+            tasks, settings.rollout.group_size, rd.path / "probe" / f"shard-{shard}", seed=settings.grpo.seed + shard
+        )
         pids = pool.engine_pids()
         if not kept:
             pool.shutdown()
@@ -168,11 +183,21 @@ def probe_rollouts(settings, rd, shard: int, num_shards: int) -> dict:
     expected = len(tasks) * settings.rollout.group_size
     if len(records) != expected:
         raise RuntimeError(f"probe shard {shard}: {len(records)} rollout records, expected {expected}")
-    out = {"shard": shard, "episodes": len(records), "success_rate": sum(r["success"] for r in records) / len(records),
-           "mean_reward": sum(r["reward"] for r in records) / len(records),
-           "tokens": int(sum(len(r.get("completion_ids") or []) for r in records))}
-    rd.record_timing(f"probe_rollouts_{shard}", time.time() - t0, cpus=settings.rollout.cpus_per_worker,
-                     tokens_generated=out["tokens"], engine_pids=pids, engines_kept=kept)
+    out = {
+        "shard": shard,
+        "episodes": len(records),
+        "success_rate": sum(r["success"] for r in records) / len(records),
+        "mean_reward": sum(r["reward"] for r in records) / len(records),
+        "tokens": int(sum(len(r.get("completion_ids") or []) for r in records)),
+    }
+    rd.record_timing(
+        f"probe_rollouts_{shard}",
+        time.time() - t0,
+        cpus=settings.rollout.cpus_per_worker,
+        tokens_generated=out["tokens"],
+        engine_pids=pids,
+        engines_kept=kept,
+    )
     rd.write(out, "probe", f"shard-{shard}.json")
     log.info("probe shard %d/%d: %s", shard, num_shards, out)
     return out

@@ -8,6 +8,7 @@
 
 `decide_training` is the pure rule behind should_train.
 """
+
 from __future__ import annotations
 
 import json
@@ -24,7 +25,9 @@ def last_full_days(days: int, end: datetime | None = None):
     """The window of the `days` whole UTC days before `end` (default now)."""
     from tasks.signals.traces import Window
 
-    end = (end or datetime.now(timezone.utc)).astimezone(timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
+    end = (
+        (end or datetime.now(timezone.utc)).astimezone(timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
+    )
     return Window(end - timedelta(days=days), end)
 
 
@@ -54,8 +57,10 @@ def _has_traces(source: str, window) -> bool:
     try:
         return bool(select_files(source, window))
     except FileNotFoundError as e:
-        raise FileNotFoundError(f"monitor.traces={source}: {e}; fix the setting (pipeline.yaml or "
-                                "EVERGREEN_MONITOR__TRACES), or create the directory if traces have yet to land") from None
+        raise FileNotFoundError(
+            f"monitor.traces={source}: {e}; fix the setting (pipeline.yaml or "
+            "EVERGREEN_MONITOR__TRACES), or create the directory if traces have yet to land"
+        ) from None
 
 
 def validate_data(settings, rd, window: str | None = None) -> dict:
@@ -76,16 +81,24 @@ def validate_data(settings, rd, window: str | None = None) -> dict:
     source = _traces(settings, rd.path / "signals" / "source", win)
     if not _has_traces(source, win):
         return _nothing_to_do(rd, win, f"no production traces for {win} under {settings.monitor.traces}")
-    verdict = DataVerdict.model_validate(check_production(
-        settings, source, rd.path / "signals" / "monitor", win, champion=champion,
-        toolset=settings.env.target_toolset))
+    verdict = DataVerdict.model_validate(
+        check_production(
+            settings,
+            source,
+            rd.path / "signals" / "monitor",
+            win,
+            champion=champion,
+            toolset=settings.env.target_toolset,
+        )
+    )
     verdict.production_tasks = production_tasks(settings, rd)
     rd.write(verdict, "signals.json")
     with stage_run(settings, rd, "signals"):
         track_signals(tracker_of(settings), rd.path / "signals", verdict)
     rd.record_timing("validate_data", time.time() - t0, cpus=1)
-    return verdict.model_dump(include={"retrain", "reasons", "summary", "window", "rows", "data_validation",
-                                       "production_tasks"})
+    return verdict.model_dump(
+        include={"retrain", "reasons", "summary", "window", "rows", "data_validation", "production_tasks"}
+    )
 
 
 def production_tasks(settings, rd) -> dict:
@@ -101,22 +114,33 @@ def production_tasks(settings, rd) -> dict:
         return {"used": False, "reason": f"environment {settings.env.name!r} has no task_from_trace"}
     out = rd.path / "production_tasks"
     try:
-        summary = tasks_from_traces(rd.path / "signals" / "monitor" / "current", settings.env.name,
-                                    settings.env.target_toolset, out)
+        summary = tasks_from_traces(
+            rd.path / "signals" / "monitor" / "current", settings.env.name, settings.env.target_toolset, out
+        )
     except BatchValidationError as e:
         log.warning("tasks from production failed their GX suite; training on generated tasks only: %s", e)
         return {"used": False, "reason": f"GX suite failed: {e}"}
     used = summary["train"] > 0 and settings.grpo.production_share > 0
-    reason = "" if used else ("no verifiable training task in the window" if not summary["train"]
-                              else "grpo.production_share is 0")
-    return {"used": used, "reason": reason, "train": summary["train"], "eval": summary["eval"],
-            "traces": summary["traces"], "unverifiable": summary["unverifiable"], "path": str(out / "train.jsonl")}
+    reason = (
+        ""
+        if used
+        else ("no verifiable training task in the window" if not summary["train"] else "grpo.production_share is 0")
+    )
+    return {
+        "used": used,
+        "reason": reason,
+        "train": summary["train"],
+        "eval": summary["eval"],
+        "traces": summary["traces"],
+        "unverifiable": summary["unverifiable"],
+        "path": str(out / "train.jsonl"),
+    }
 
 
 def with_production_tasks(settings, rd):
     """`settings` with grpo.production_tasks set to this run's tasks from production where it trains on them
     (validate_data's verdict says so), else unchanged: the probes and the GRPO job draw the same batches."""
-    used = ((rd.read("signals.json") or {}).get("production_tasks") or {})
+    used = (rd.read("signals.json") or {}).get("production_tasks") or {}
     if not used.get("used"):
         return settings
     return settings.model_copy(update={"grpo": settings.grpo.model_copy(update={"production_tasks": used["path"]})})
@@ -125,8 +149,14 @@ def with_production_tasks(settings, rd):
 def _nothing_to_do(rd, window, why: str, no_champion: bool = False) -> dict:
     from tasks.stages.contracts import DataVerdict
 
-    verdict = DataVerdict(retrain=False, summary=why, window=str(window), rows={"current": 0},
-                          data_validation="no data", no_champion=no_champion)
+    verdict = DataVerdict(
+        retrain=False,
+        summary=why,
+        window=str(window),
+        rows={"current": 0},
+        data_validation="no data",
+        no_champion=no_champion,
+    )
     rd.write(verdict, "signals.json")
     log.warning("validate_data: %s", why)
     return verdict.model_dump()
@@ -183,22 +213,50 @@ def track_signals(tracker, out: Path, verdict) -> None:
     """The signals stage in MLflow: verdict metrics, drift statistics, the reports, the accepted rows."""
     import pandas as pd
 
-    tracker.log_metrics({"retrain": float(verdict.retrain), "rows_current": verdict.rows.get("current") or 0,
-                         "rows_reference": verdict.rows.get("reference") or 0})
+    tracker.log_metrics(
+        {
+            "retrain": float(verdict.retrain),
+            "rows_current": verdict.rows.get("current") or 0,
+            "rows_reference": verdict.rows.get("reference") or 0,
+        }
+    )
     monitor = out / "monitor"
     report = json.loads((monitor / "drift_report.json").read_text())
-    tracker.log_metrics({f"drift.{t['workload']}.{t['statistic']}.{k}": t[k] for t in report["tests"]
-                         for k in ("effect", "p_adjusted") if isinstance(t.get(k), (int, float))})
-    tracker.set_tags({"evergreen.registry_hash": getattr(verdict, "registry_hash", None) or "",
-                      "evergreen.retrain_reason": verdict.summary[:250]})
-    for name, where in (("signals.json", "signals"), ("drift_report.json", "signals"), ("tooldiff.json", "signals"),
-                        ("current/summary.json", "signals/ingest"), ("current/validation.json", "signals/ingest")):
+    tracker.log_metrics(
+        {
+            f"drift.{t['workload']}.{t['statistic']}.{k}": t[k]
+            for t in report["tests"]
+            for k in ("effect", "p_adjusted")
+            if isinstance(t.get(k), (int, float))
+        }
+    )
+    tracker.set_tags(
+        {
+            "evergreen.registry_hash": getattr(verdict, "registry_hash", None) or "",
+            "evergreen.retrain_reason": verdict.summary[:250],
+        }
+    )
+    for name, where in (
+        ("signals.json", "signals"),
+        ("drift_report.json", "signals"),
+        ("tooldiff.json", "signals"),
+        ("current/summary.json", "signals/ingest"),
+        ("current/validation.json", "signals/ingest"),
+    ):
         if (monitor / name).exists():
             tracker.log_artifact(monitor / name, where)
     tracker.log_artifacts(monitor / "current" / "gx_docs", "signals/gx_docs")
-    rows = [json.loads(line) for line in (monitor / "current" / "accepted" / "part-00000.jsonl").read_text().splitlines()]
-    frame = pd.DataFrame({"trace_id": [r["trace_id"] for r in rows], "workload": [r["workload"] for r in rows],
-                          "timestamp": [r["timestamp"] for r in rows], "success": [r["outcome"]["success"] for r in rows]})
+    rows = [
+        json.loads(line) for line in (monitor / "current" / "accepted" / "part-00000.jsonl").read_text().splitlines()
+    ]
+    frame = pd.DataFrame(
+        {
+            "trace_id": [r["trace_id"] for r in rows],
+            "workload": [r["workload"] for r in rows],
+            "timestamp": [r["timestamp"] for r in rows],
+            "success": [r["outcome"]["success"] for r in rows],
+        }
+    )
     tracker.log_dataset(frame, name="production-traces", source=str(out / "traces"), context="drift-current")
 
 
@@ -213,7 +271,9 @@ def monitor(settings, window: str | None = None, reference_days: int | None = No
     win = _window(settings, window)
     s = settings
     if reference_days:
-        s = settings.model_copy(update={"drift": settings.drift.model_copy(update={"reference_days": int(reference_days)})})
+        s = settings.model_copy(
+            update={"drift": settings.drift.model_copy(update={"reference_days": int(reference_days)})}
+        )
     out = Path(settings.run_dir) / "drift_monitor"
     key = re.sub(r"[^A-Za-z0-9_.-]+", "_", str(win))
     source = _traces(s, out / "source" / key, win)
@@ -226,8 +286,14 @@ def monitor(settings, window: str | None = None, reference_days: int | None = No
     except RuntimeError as e:  # no champion yet: drift only, no tool diff
         log.warning("%s: checking drift without the tool diff", e)
         champion = None
-    verdict = check_production(s, source, out / "windows" / key, win, champion=champion,
-                               toolset=settings.env.target_toolset if champion else None)
+    verdict = check_production(
+        s,
+        source,
+        out / "windows" / key,
+        win,
+        champion=champion,
+        toolset=settings.env.target_toolset if champion else None,
+    )
     announced = out / "announced" / f"{key}_{verdict.get('registry_hash') or 'none'}.json"
     verdict["new"] = verdict["retrain"] and not announced.exists()
     if verdict["new"]:
@@ -237,7 +303,13 @@ def monitor(settings, window: str | None = None, reference_days: int | None = No
 
 def retrain_request_extra(verdict: dict) -> dict:
     """The asset event's `extra`: why retraining is asked for, small enough for the metadata DB."""
-    return {"retrain": bool(verdict["retrain"]), "window": verdict["window"], "summary": verdict["summary"][:500],
-            "reasons": [r[:300] for r in verdict["reasons"][:10]], "registry_hash": verdict.get("registry_hash"),
-            "rows": verdict.get("rows"), "tool_change_breaking": verdict.get("tool_change_breaking"),
-            "drifted": verdict.get("drifted")}
+    return {
+        "retrain": bool(verdict["retrain"]),
+        "window": verdict["window"],
+        "summary": verdict["summary"][:500],
+        "reasons": [r[:300] for r in verdict["reasons"][:10]],
+        "registry_hash": verdict.get("registry_hash"),
+        "rows": verdict.get("rows"),
+        "tool_change_breaking": verdict.get("tool_change_breaking"),
+        "drifted": verdict.get("drifted"),
+    }

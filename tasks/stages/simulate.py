@@ -4,6 +4,7 @@
 
 Not part of a production deployment: there, the traces come from the agent's own traffic.
 """
+
 from __future__ import annotations
 
 import json
@@ -59,14 +60,39 @@ def simulate_production(settings, days: int = 2, tool_change: bool = True) -> di
     with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="evergreen-settings-") as cfg:
         cfg.write(settings.model_dump_json())
         cfg.flush()
-        cmd = [sys.executable, "-m", "tasks", "--settings", cfg.name, "simulate", "--out", str(out),
-               "--start", start.isoformat(), "--end", today.isoformat(), "--traces", str(settings.simulate.traces),
-               "--from-toolset", settings.env.champion_toolset, "--to-toolset", settings.env.target_toolset,
-               "--policy", str(champion), "--malformed-share", str(settings.simulate.malformed_share),
-               "--seed", str(settings.grpo.seed)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "tasks",
+            "--settings",
+            cfg.name,
+            "simulate",
+            "--out",
+            str(out),
+            "--start",
+            start.isoformat(),
+            "--end",
+            today.isoformat(),
+            "--traces",
+            str(settings.simulate.traces),
+            "--from-toolset",
+            settings.env.champion_toolset,
+            "--to-toolset",
+            settings.env.target_toolset,
+            "--policy",
+            str(champion),
+            "--malformed-share",
+            str(settings.simulate.malformed_share),
+            "--seed",
+            str(settings.grpo.seed),
+        ]
         if tool_change:
             cmd += ["--change-at", (today - timedelta(days=1)).isoformat()]
         lines = stream(cmd, child_env(), "simulate")
     manifest = json.loads(next(line for line in reversed(lines) if line.startswith("{")))
-    return {"traces": str(out), "days": days, "tool_change": tool_change,
-            **{k: v for k, v in manifest.items() if isinstance(v, (int, float, str))}}
+    return {
+        "traces": str(out),
+        "days": days,
+        "tool_change": tool_change,
+        **{k: v for k, v in manifest.items() if isinstance(v, (int, float, str))},
+    }

@@ -7,6 +7,7 @@ The job trains with exactly this run's settings: they go to the job as a file (`
 read with `python -m tasks --settings`), typed, not as `--set` strings, and no EVERGREEN_* variable of
 the job's environment changes them.
 """
+
 from __future__ import annotations
 
 import json
@@ -34,13 +35,20 @@ def resume_key(settings, rd) -> str:
 
     g = settings.grpo
     production = Path(g.production_tasks) if g.production_share and g.production_tasks else None
-    doc = {"champion": (rd.read("champion.json") or {}).get("version"),
-           "toolsets": [toolset_label(t, settings.env.name) for t in (settings.env.target_toolset,
-                                                                       settings.env.champion_toolset)],
-           "production": hashlib.sha256(production.read_bytes()).hexdigest() if production and production.exists() else None,
-           "settings": settings.model_dump(mode="json", include={"model", "env", "rollout", "grpo"},
-                                           exclude={"env": {"target_toolset", "champion_toolset"},
-                                                    "grpo": {"production_tasks"}})}
+    doc = {
+        "champion": (rd.read("champion.json") or {}).get("version"),
+        "toolsets": [
+            toolset_label(t, settings.env.name) for t in (settings.env.target_toolset, settings.env.champion_toolset)
+        ],
+        "production": hashlib.sha256(production.read_bytes()).hexdigest()
+        if production and production.exists()
+        else None,
+        "settings": settings.model_dump(
+            mode="json",
+            include={"model", "env", "rollout", "grpo"},
+            exclude={"env": {"target_toolset", "champion_toolset"}, "grpo": {"production_tasks"}},
+        ),
+    }
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -78,8 +86,11 @@ def adopt_checkpoints(settings, rd) -> dict | None:
             shutil.copytree(src, grpo / name, dirs_exist_ok=True)
         elif src.exists():
             shutil.copy2(src, grpo / name)
-    log.info("GRPO resumes from run %s at step %d (same champion, toolsets and settings; its training failed)",
-             run.name, step)
+    log.info(
+        "GRPO resumes from run %s at step %d (same champion, toolsets and settings; its training failed)",
+        run.name,
+        step,
+    )
     return {"run": run.name, "step": step}
 
 
@@ -101,14 +112,28 @@ def grpo_command(settings, rd, fail_training_at_step: int | None = None) -> dict
     from tasks.tracking import without_credentials
 
     # the job trains and logs nothing to MLflow: its settings file (on disk, in the run dir) carries no credential
-    job_settings = job_settings.model_copy(update={
-        "ray": settings.ray.model_copy(update={"address": address}),
-        "tracking": settings.tracking.model_copy(update={"uri": without_credentials(settings.tracking.uri)})})
+    job_settings = job_settings.model_copy(
+        update={
+            "ray": settings.ray.model_copy(update={"address": address}),
+            "tracking": settings.tracking.model_copy(update={"uri": without_credentials(settings.tracking.uri)}),
+        }
+    )
     settings_file = rd.write(job_settings.model_dump(mode="json"), "settings.json")
     # a local head runs jobs on this machine, with this interpreter; a KubeRay image has its own `python`
-    args = ["python" if settings.ray.backend == "kuberay" else sys.executable, "-m", "tasks",
-            "--settings", str(settings_file), "train", "--init", str(champ), "--run-dir", str(rd.path / "grpo"),
-            "--engines", engine_namespace(rd)]
+    args = [
+        "python" if settings.ray.backend == "kuberay" else sys.executable,
+        "-m",
+        "tasks",
+        "--settings",
+        str(settings_file),
+        "train",
+        "--init",
+        str(champ),
+        "--run-dir",
+        str(rd.path / "grpo"),
+        "--engines",
+        engine_namespace(rd),
+    ]
     if fail_training_at_step is not None:
         args += ["--fail-at-step", str(int(fail_training_at_step))]
     resumed = adopt_checkpoints(job_settings, rd)
@@ -133,9 +158,13 @@ def record_training(settings, rd, job: dict | None = None) -> dict:
     started = prior.get("started", time.time())
     rd.write({**prior, "started": started, "finished": time.time(), **(job or {})}, "grpo_job.json")
     actors = settings.rollout.num_workers * settings.rollout.cpus_per_worker
-    rd.record_timing("grpo", time.time() - started, cpus=actors + settings.grpo.num_train_workers,
-                     tokens_generated=int(sum(m.get("generated_tokens", 0) for m in metrics)),
-                     tokens_trained=int(sum(m.get("trained_tokens", 0) for m in metrics)))
+    rd.record_timing(
+        "grpo",
+        time.time() - started,
+        cpus=actors + settings.grpo.num_train_workers,
+        tokens_generated=int(sum(m.get("generated_tokens", 0) for m in metrics)),
+        tokens_trained=int(sum(m.get("trained_tokens", 0) for m in metrics)),
+    )
     tracker = tracker_of(settings)
     with stage_run(settings, rd, "training"):
         for m in metrics:
@@ -145,11 +174,19 @@ def record_training(settings, rd, job: dict | None = None) -> dict:
             tracker.log_artifact(shards[-1], "sample_rollouts")
         if (grpo / "selection.json").exists():  # the checkpoint choice: validation scores per step, the chosen one
             for row in rd.read("grpo", "selection.json")["rows"]:
-                tracker.log_metrics({f"validation_{toolset_label(t, settings.env.name)}_{k}": v
-                                     for t, d in row.items() if t != "step" for k, v in d.items()}, step=row["step"])
+                tracker.log_metrics(
+                    {
+                        f"validation_{toolset_label(t, settings.env.name)}_{k}": v
+                        for t, d in row.items()
+                        if t != "step"
+                        for k, v in d.items()
+                    },
+                    step=row["step"],
+                )
             tracker.log_artifact(grpo / "selection.json", "training")
-        tracker.set_tags({"evergreen.policy_version": str(challenger_step(grpo)),
-                          "ray.job_id": (job or {}).get("job_id", "")})
+        tracker.set_tags(
+            {"evergreen.policy_version": str(challenger_step(grpo)), "ray.job_id": (job or {}).get("job_id", "")}
+        )
     with tracker.within(rd.read("run.json")["mlflow_run_id"]):
         tracker.log_model(grpo / "model")
     last = metrics[-1] if metrics else {}

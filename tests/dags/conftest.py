@@ -1,5 +1,6 @@
 """Airflow for the DAG tests: a throwaway AIRFLOW_HOME with a migrated SQLite DB, the project's dags/ and
 plugins/, set before anything imports airflow (it reads its configuration once, at import)."""
+
 from __future__ import annotations
 
 import os
@@ -37,12 +38,20 @@ if not os.environ.get("RAY_AUTH_TOKEN_PATH"):
 @pytest.fixture(scope="session")
 def airflow_db():
     """`airflow db migrate` once per test run (about 5 s); dag.test() needs the tables."""
-    proc = subprocess.run([str(Path(sys.executable).with_name("airflow")), "db", "migrate"], env=os.environ.copy(),
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [str(Path(sys.executable).with_name("airflow")), "db", "migrate"],
+        env=os.environ.copy(),
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     from operators.pools import REGISTRY_POOL
 
-    pool = subprocess.run([str(Path(sys.executable).with_name("airflow")), "pools", "set", REGISTRY_POOL, "1", "tests"],
-                          env=os.environ.copy(), capture_output=True, text=True)
+    pool = subprocess.run(
+        [str(Path(sys.executable).with_name("airflow")), "pools", "set", REGISTRY_POOL, "1", "tests"],
+        env=os.environ.copy(),
+        capture_output=True,
+        text=True,
+    )
     assert pool.returncode == 0, pool.stderr[-3000:]
     return AIRFLOW_HOME

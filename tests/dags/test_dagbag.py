@@ -1,5 +1,6 @@
 """Every DAG loads, parses fast, imports nothing heavy at top level, and carries docs, tags, an owner and
 retries (the conventions in ../shared/ARCHITECTURE.md)."""
+
 from __future__ import annotations
 
 import json
@@ -48,10 +49,17 @@ def test_every_dag_has_docs_tags_owner_and_retries(dagbag):
 
 @pytest.mark.parametrize("dag_file", sorted(p.name for p in DAGS.glob("*.py")))
 def test_dag_file_imports_nothing_heavy_at_top_level(dag_file):
-    code = ("import runpy, sys, json; runpy.run_path(sys.argv[1]); "
-            f"print(json.dumps(sorted(m for m in {HEAVY!r} if m in sys.modules)))")
-    proc = subprocess.run([sys.executable, "-c", code, str(DAGS / dag_file)], capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(PROJECT)}, timeout=120)
+    code = (
+        "import runpy, sys, json; runpy.run_path(sys.argv[1]); "
+        f"print(json.dumps(sorted(m for m in {HEAVY!r} if m in sys.modules)))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(DAGS / dag_file)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(PROJECT)},
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     heavy = json.loads(proc.stdout.strip().splitlines()[-1])
     assert heavy == [], f"{dag_file} imports {heavy} at parse time: move the import into the task body"
@@ -59,20 +67,27 @@ def test_dag_file_imports_nothing_heavy_at_top_level(dag_file):
 
 def test_each_dag_file_parses_within_300ms(airflow_db):
     """`airflow dags report` is Airflow's own parse timing (the dag-processor's figure)."""
-    proc = subprocess.run([str(Path(sys.executable).with_name("airflow")), "dags", "report", "-o", "json"], capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(PROJECT)}, timeout=300)
+    proc = subprocess.run(
+        [str(Path(sys.executable).with_name("airflow")), "dags", "report", "-o", "json"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(PROJECT)},
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = json.loads(proc.stdout[proc.stdout.index("[{"):])  # warnings may precede the JSON
+    rows = json.loads(proc.stdout[proc.stdout.index("[{") :])  # warnings may precede the JSON
     seen = {}
     for row in rows:
         duration = row["duration"]
-        seconds = float(duration) if not isinstance(duration, str) or ":" not in duration else \
-            sum(float(x) * 60 ** i for i, x in enumerate(reversed(duration.split(":"))))
+        seconds = (
+            float(duration)
+            if not isinstance(duration, str) or ":" not in duration
+            else sum(float(x) * 60**i for i, x in enumerate(reversed(duration.split(":"))))
+        )
         seen[os.path.basename(row["file"]).removesuffix(".py")] = seconds
     assert set(seen) == EXPECTED, seen
     slow = {k: v for k, v in seen.items() if v > 0.3}
     assert not slow, f"DAG files slower than 0.3 s to parse: {slow} (all: {seen})"
-
 
 
 def test_continuous_post_training_listens_to_the_retrain_events(dagbag):
@@ -83,6 +98,7 @@ def test_continuous_post_training_listens_to_the_retrain_events(dagbag):
 
     dag = dagbag.dags["continuous_post_training"]
     assert isinstance(dag.timetable, AssetOrTimeSchedule) or "AssetOrTime" in type(dag.timetable).__name__
+
     def leaves(condition):  # AssetAny / AssetAll nest their members in .objects
         for obj in getattr(condition, "objects", None) or [condition]:
             yield from (leaves(obj) if hasattr(obj, "objects") else [obj])
@@ -111,11 +127,25 @@ def test_each_python_task_runs_the_stage_function_it_is_named_after(dagbag):
             name = t.task_id.split(".")[-1]
             if name in NOT_STAGES:
                 continue
-            assert t.operator_class is StageOperator or issubclass(t.operator_class, StageOperator) or \
-                isinstance(t, StageOperator), f"{dag_id}.{t.task_id} is a {t.operator_class}, not a StageOperator"
+            assert (
+                t.operator_class is StageOperator
+                or issubclass(t.operator_class, StageOperator)
+                or isinstance(t, StageOperator)
+            ), f"{dag_id}.{t.task_id} is a {t.operator_class}, not a StageOperator"
             fn = t.partial_kwargs["python_callable"] if hasattr(t, "partial_kwargs") else t.python_callable
             assert fn.__module__.startswith("tasks.stages."), f"{dag_id}.{t.task_id} runs {fn.__module__}.{fn.__name__}"
             assert fn.__name__ == name, f"{dag_id}.{t.task_id} runs {fn.__name__}"
             seen.add(name)
-    assert {"validate_data", "should_train", "build_tasks", "probe_rollouts", "gate", "move_aliases", "summarize",
-            "bootstrap", "monitor", "rollback", "simulate_production"} <= seen, seen
+    assert {
+        "validate_data",
+        "should_train",
+        "build_tasks",
+        "probe_rollouts",
+        "gate",
+        "move_aliases",
+        "summarize",
+        "bootstrap",
+        "monitor",
+        "rollback",
+        "simulate_production",
+    } <= seen, seen

@@ -7,6 +7,7 @@ Fixtures:
   dict it wrote, with `airflow_state` (the DAG run's state), `dag_run_id` and `run_dir` (a Path) added.
 - `tool_server`: the desk MCP server over HTTP that the stack's tool watch (EVERGREEN_TOOL_SOURCE) reads.
 """
+
 from __future__ import annotations
 
 import json
@@ -35,9 +36,22 @@ def tool_server(tmp_path_factory):
     shutil.copy(TOOLS / "registry_v1.json", served)
     port = free_port()
     log = open(served.with_suffix(".log"), "w")
-    proc = subprocess.Popen([sys.executable, str(ROOT / "include/tools/desk_mcp_server.py"), "--toolset", str(served),
-                             "--transport", "http", "--host", "127.0.0.1", "--port", str(port)],
-                            stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(ROOT / "include/tools/desk_mcp_server.py"),
+            "--toolset",
+            str(served),
+            "--transport",
+            "http",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     deadline = time.time() + 60
     while not port_busy(port):
         if time.time() > deadline or proc.poll() is not None:
@@ -53,13 +67,20 @@ def tool_server(tmp_path_factory):
 def airflow_stack(tmp_path_factory, tool_server):
     home = tmp_path_factory.mktemp("stack")
     watch = {"EVERGREEN_TOOL_SOURCE": f"mcp:{tool_server.url}", "EVERGREEN_TOOL_POLL_S": "20"}
-    stack = Stack(home=home, api_port=free_port(), mlflow_port=free_port(), ray_head_port=free_port(),
-                  ray_dashboard_port=free_port(), env_extra={**TINY, **watch})
+    stack = Stack(
+        home=home,
+        api_port=free_port(),
+        mlflow_port=free_port(),
+        ray_head_port=free_port(),
+        ray_dashboard_port=free_port(),
+        env_extra={**TINY, **watch},
+    )
     stack.start()
     try:
         client = stack.client()
-        client.wait_for_dags(["continuous_post_training", "drift_monitor", "bootstrap_champion", "rollback",
-                              "simulate_production"])
+        client.wait_for_dags(
+            ["continuous_post_training", "drift_monitor", "bootstrap_champion", "rollback", "simulate_production"]
+        )
         for dag_id in ("continuous_post_training", "bootstrap_champion", "simulate_production", "rollback"):
             client.unpause(dag_id)
         yield stack
@@ -79,8 +100,9 @@ def finished_run(airflow_stack):
     since = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
     client.post_asset_event("retrain_request", {"retrain": True, "summary": "e2e: REST asset event"})
     run = client.wait_for_run("continuous_post_training", after=since, timeout=1500)
-    summaries = sorted((airflow_stack.runs_root / "continuous_post_training").glob("*/summary.json"),
-                       key=lambda p: p.stat().st_mtime)
+    summaries = sorted(
+        (airflow_stack.runs_root / "continuous_post_training").glob("*/summary.json"), key=lambda p: p.stat().st_mtime
+    )
     assert summaries, f"no summary.json under {airflow_stack.runs_root}"
     summary = json.loads(summaries[-1].read_text())
     return {**summary, "airflow_state": run["state"], "dag_run_id": run["dag_run_id"], "run_dir": summaries[-1].parent}

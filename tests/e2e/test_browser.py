@@ -9,6 +9,7 @@ system Chromium (/usr/bin/chromium, or $EVERGREEN_CHROMIUM), never a downloaded 
 Screenshots land in tests/e2e/artifacts/: evergreen_page.png (the whole Evergreen page, full length)
 and evergreen_in_airflow.png (the page as the Airflow UI shows it, inside its iframe).
 """
+
 from __future__ import annotations
 
 import os
@@ -21,8 +22,16 @@ pytestmark = pytest.mark.e2e
 
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
 CHROMIUM = os.environ.get("EVERGREEN_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 EVERGREEN_DAGS = ("continuous_post_training", "drift_monitor", "bootstrap_champion", "rollback")
 # What the page prints for each run status (plugins/evergreen_page.STATUS_LABEL, repeated here on purpose:
 # the test reads the page as a user would, not through the code under test).
@@ -35,8 +44,10 @@ def browser():
     from playwright import sync_api
 
     if not Path(CHROMIUM).exists():  # a failure, not a skip: `make test` installs it (Makefile target chromium)
-        pytest.fail(f"no Chromium at {CHROMIUM}: install the distribution package (apt-get install chromium) "
-                    "or set EVERGREEN_CHROMIUM; this test never downloads a browser")
+        pytest.fail(
+            f"no Chromium at {CHROMIUM}: install the distribution package (apt-get install chromium) "
+            "or set EVERGREEN_CHROMIUM; this test never downloads a browser"
+        )
     with sync_api.sync_playwright() as pw:
         b = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
@@ -57,6 +68,7 @@ def page(browser):
 
 
 # ------------------------------------------------------------------------ steps a user takes (reusable)
+
 
 def login(page, api_url: str, username: str, password: str) -> None:
     """Open the UI, get sent to the simple auth manager's form, sign in, land back in the UI."""
@@ -91,6 +103,7 @@ def screenshot(page, name: str) -> Path:
 
 # ------------------------------------------------------------------------------------------------ test
 
+
 def test_evergreen_page_in_airflow_ui(airflow_stack, finished_run, page):
     api = airflow_stack.api_url.rstrip("/")
     run_id, status = finished_run["run_id"], finished_run["status"]
@@ -123,6 +136,7 @@ def test_evergreen_page_in_airflow_ui(airflow_stack, finished_run, page):
     page.locator("#last-decision").wait_for(state="visible")
     shot = screenshot(page, "evergreen_page.png")
     assert page.locator("#success-chart").is_visible(), f"success chart not visible; see {shot}"
-    assert page.locator(f"article.run[data-run-id='{run_id}'] .badge").inner_text().strip() == DECISION_TEXT[status], \
+    assert page.locator(f"article.run[data-run-id='{run_id}'] .badge").inner_text().strip() == DECISION_TEXT[status], (
         f"run {run_id} shows the wrong decision; see {shot}"
+    )
     assert shot.stat().st_size > 10_000, f"screenshot {shot} looks empty"

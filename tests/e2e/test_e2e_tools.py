@@ -7,6 +7,7 @@ fires `tool_change`, and the DAG run it starts decides to train for that reason,
 its first stage read them (pinned in its run dir: tasks/stages/rollouts.py pin_toolsets).
 The run is stopped once it has decided (its training is what test_e2e_rest already covers).
 """
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 DAG = "continuous_post_training"
 
 
-def test_a_breaking_change_of_the_served_tools_starts_a_run_that_trains_for_them(airflow_stack, finished_run,
-                                                                                  tool_server):
+def test_a_breaking_change_of_the_served_tools_starts_a_run_that_trains_for_them(
+    airflow_stack, finished_run, tool_server
+):
     client = airflow_stack.client()
     before = {r["dag_run_id"] for r in client.runs(DAG)}
     shutil.copy(TOOLS / "registry_v2.json", tool_server.file)  # the server re-reads it and notifies

@@ -1,5 +1,6 @@
 """Served after promotion: `python -m tasks serve` (what `make serve` runs) puts the registry's champion behind
 vLLM's OpenAI-compatible server on loopback, and the `openai` client gets parsed tool calls back."""
+
 from __future__ import annotations
 
 import pytest
@@ -31,8 +32,13 @@ def test_the_loops_champion_is_served_after_promotion(server):
     assert [m.id for m in client.models.list()] == ["evergreen-agent"]
     assert (tmp_path / "run" / "serving" / "champion" / "checksums.json").exists()
     reply = client.chat.completions.create(
-        model="evergreen-agent", messages=[{"role": "user", "content": task.question}], tools=tools,
-        tool_choice="auto", max_tokens=48, temperature=0)
+        model="evergreen-agent",
+        messages=[{"role": "user", "content": task.question}],
+        tools=tools,
+        tool_choice="auto",
+        max_tokens=48,
+        temperature=0,
+    )
     choice = reply.choices[0]
     assert choice.finish_reason in ("stop", "length", "tool_calls")
     assert choice.message.tool_calls or isinstance(choice.message.content, str)

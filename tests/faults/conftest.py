@@ -1,5 +1,6 @@
 """The fault matrix's fixtures: a small filesystem that fills up, and an S3 endpoint behind a proxy that
 answers with errors (the moto server of tests/integration/conftest.py)."""
+
 from __future__ import annotations
 
 import shutil
@@ -17,7 +18,9 @@ def small_disk(tmp_path):
     """A 16 MiB tmpfs mounted for the test (root only: skipped, saying so, where mounting is not allowed)."""
     mount = tmp_path / f"disk-{uuid.uuid4().hex[:6]}"
     mount.mkdir()
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mount)], capture_output=True, text=True)
+    proc = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mount)], capture_output=True, text=True
+    )
     if proc.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here ({proc.stderr.strip()[:200]}): the disk-full case needs root")
     try:

@@ -1,5 +1,6 @@
 """Fault matrix: the run directory's disk fills up. Every writer fails with ENOSPC, nothing half-written is
 left under a final name, no temporary copy is left behind, and what was there before is intact."""
+
 from __future__ import annotations
 
 import errno

@@ -2,6 +2,7 @@
 on 127.0.0.1). Throttling for a while is retried within botocore's bound (5 retries) and the object
 arrives whole; errors past the bound fail the write with the status, in bounded time, and no object,
 partial or whole, is visible."""
+
 from __future__ import annotations
 
 import http.client
@@ -65,7 +66,8 @@ class ErrorProxy:
 @pytest.fixture
 def proxied(s3_through):
     return lambda failures, status=503, code="SlowDown": s3_through(
-        lambda port: ErrorProxy(port, failures, status, code))
+        lambda port: ErrorProxy(port, failures, status, code)
+    )
 
 
 def _keys(s3, bucket) -> list[str]:

@@ -9,6 +9,7 @@
 - `mlflow_server`: `mlflow server` on 127.0.0.1 with a SQLite backend and its artifacts on that S3
   endpoint (proxied by the server); yields its URI, with MLFLOW_TRACKING_URI set.
 """
+
 from __future__ import annotations
 
 import os
@@ -61,13 +62,16 @@ def ray_head(tmp_path_factory):
 def settings(tmp_path_factory):
     from tasks.config import load_settings
 
-    return load_settings(environ={}, overrides={
-        "run_dir": str(tmp_path_factory.mktemp("run")),
-        "rollout": {"num_workers": 2, "group_size": 8},
-        "grpo": {"steps": 4, "tasks_per_step": 4, "checkpoint_every": 2},
-        "eval": {"num_tasks": 10, "samples": 1, "interval_resamples": 200},
-        "env": {"max_tokens_per_turn": 48},
-    })
+    return load_settings(
+        environ={},
+        overrides={
+            "run_dir": str(tmp_path_factory.mktemp("run")),
+            "rollout": {"num_workers": 2, "group_size": 8},
+            "grpo": {"steps": 4, "tasks_per_step": 4, "checkpoint_every": 2},
+            "eval": {"num_tasks": 10, "samples": 1, "interval_resamples": 200},
+            "env": {"max_tokens_per_turn": 48},
+        },
+    )
 
 
 @pytest.fixture(scope="session")
@@ -94,11 +98,19 @@ def s3(tmp_path_factory):
 
     port = free_port()
     log = open(tmp_path_factory.mktemp("moto") / "moto.log", "w")
-    proc = subprocess.Popen([str(Path(sys.executable).with_name("moto_server")), "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [str(Path(sys.executable).with_name("moto_server")), "-H", "127.0.0.1", "-p", str(port)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     endpoint = f"http://127.0.0.1:{port}"
-    env = {"AWS_ACCESS_KEY_ID": "evergreen-test", "AWS_SECRET_ACCESS_KEY": "evergreen-test-secret",
-           "AWS_DEFAULT_REGION": "us-east-1", "EVERGREEN_S3_ENDPOINT_URL": endpoint, "AWS_ENDPOINT_URL": endpoint}
+    env = {
+        "AWS_ACCESS_KEY_ID": "evergreen-test",
+        "AWS_SECRET_ACCESS_KEY": "evergreen-test-secret",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "EVERGREEN_S3_ENDPOINT_URL": endpoint,
+        "AWS_ENDPOINT_URL": endpoint,
+    }
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
@@ -161,11 +173,26 @@ def mlflow_server(s3, tmp_path_factory):
     from scripts.stack import MLFLOW_SERVER_ENV
 
     env = {**os.environ, "MLFLOW_S3_ENDPOINT_URL": os.environ["EVERGREEN_S3_ENDPOINT_URL"], **MLFLOW_SERVER_ENV}
-    proc = subprocess.Popen([str(Path(sys.executable).with_name("mlflow")), "server", "--host", "127.0.0.1",
-                             "--port", str(port), "--workers", "1",
-                             "--backend-store-uri", f"sqlite:///{home / 'mlflow.db'}",
-                             "--artifacts-destination", "s3://mlflow-artifacts/"],
-                            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            str(Path(sys.executable).with_name("mlflow")),
+            "server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+            "--backend-store-uri",
+            f"sqlite:///{home / 'mlflow.db'}",
+            "--artifacts-destination",
+            "s3://mlflow-artifacts/",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+        start_new_session=True,
+    )
     saved = os.environ.get("MLFLOW_TRACKING_URI")
     os.environ["MLFLOW_TRACKING_URI"] = uri
     try:

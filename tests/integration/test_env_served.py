@@ -1,6 +1,7 @@
 """The loop against served tools: an environment declared in YAML (tasks/envs/spec.py) whose calls go to
 the desk MCP server (stdio) or the desk resources server (HTTP); rollouts through the rollout worker, one
 GRPO step on their records, and an eval, each answered by the server."""
+
 from __future__ import annotations
 
 import random
@@ -24,8 +25,20 @@ V2 = ROOT / "include" / "tools" / "registry_v2.json"
 def resources_url(tmp_path_factory):
     port = free_port()
     log = open(tmp_path_factory.mktemp("resources") / "server.log", "w")
-    proc = subprocess.Popen([sys.executable, str(ROOT / "include/tools/desk_resources_server.py"), "--toolset", str(V2),
-                             "--host", "127.0.0.1", "--port", str(port)], stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(ROOT / "include/tools/desk_resources_server.py"),
+            "--toolset",
+            str(V2),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 60
     while True:
@@ -49,8 +62,9 @@ def served_env(request, tmp_path_factory):
         server = f'["{{python}}", "{{root}}/include/tools/desk_mcp_server.py", "--toolset", "{V2}"]'
     else:
         server = f'"{request.getfixturevalue("resources_url")}"'
-    spec.write_text(f"name: desk_{request.param}\nbase: desk\ntools:\n  kind: {request.param}\n"
-                    f"  servers:\n    \"2\": {server}\n")
+    spec.write_text(
+        f'name: desk_{request.param}\nbase: desk\ntools:\n  kind: {request.param}\n  servers:\n    "2": {server}\n'
+    )
     yield str(spec)
     from tasks.envs.spec import close_backends
 
@@ -107,8 +121,13 @@ def test_rollouts_a_grpo_step_and_an_eval_through_the_served_tools(served_env, c
     model_dir, task = caller
     assert task.env == served_env.removeprefix(str(ROOT) + "/")  # the tasks name the spec: workers load it too
     worker = RolloutWorker(str(model_dir), backend="hf")  # a char-level call is about 80 tokens
-    shard = {"items": [{"task": task.to_dict(), "task_index": 0, "rollout_index": r} for r in range(4)],
-             "policy_version": 0, "temperature": 1.0, "seed": 3, "path": str(tmp_path / "step-00000/shard-0000.jsonl")}
+    shard = {
+        "items": [{"task": task.to_dict(), "task_index": 0, "rollout_index": r} for r in range(4)],
+        "policy_version": 0,
+        "temperature": 1.0,
+        "seed": 3,
+        "path": str(tmp_path / "step-00000/shard-0000.jsonl"),
+    }
     summary = worker.run_shard(shard)
     records = read_step(tmp_path / "step-00000", {(0, r, 0) for r in range(4)})
     assert summary["episodes"] == 4 and len(records) == 4

@@ -6,6 +6,7 @@ Covers the wire protocol end to end: the tool list, a v2 call and a strict v2 re
 verify, separate sessions over one pool, and every transport fault a batch must survive as a ToolResult
 (a server killed and restarted mid-episode, a response that is not JSON or not HTTP, a slow tool).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -38,9 +39,23 @@ def resources_server(tmp_path: Path, port: int | None = None, *extra: str):
     port = port or free_port()
     log_path = tmp_path / f"server-{port}-{time.monotonic_ns()}.log"
     with open(log_path, "w") as log:
-        proc = subprocess.Popen([sys.executable, str(SERVER), "--toolset", str(REGISTRY), "--host", "127.0.0.1",
-                                 "--port", str(port), *extra], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                env=os.environ | {"PYTHONPATH": str(ROOT)})
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                str(SERVER),
+                "--toolset",
+                str(REGISTRY),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                *extra,
+            ],
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=os.environ | {"PYTHONPATH": str(ROOT)},
+        )
     try:
         wait_for_http(f"http://127.0.0.1:{port}/tools", proc, log_path, timeout=60, interval=0.1)
         yield f"http://127.0.0.1:{port}", proc
@@ -118,8 +133,9 @@ def test_parallel_sessions_keep_their_own_logs(backend):
 
     async def episode(right: bool):
         session = await backend.aopen_session(task)
-        results = await asyncio.gather(*(session.acall(name, args if right else dict(args, operator="add"))
-                                         for _ in range(3)))
+        results = await asyncio.gather(
+            *(session.acall(name, args if right else dict(args, operator="add")) for _ in range(3))
+        )
         return session, results, await session.averify(task.expected)
 
     async def both():

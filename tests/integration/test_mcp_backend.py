@@ -5,6 +5,7 @@ loopback port. Each serves its own temporary copy of registry_v2.json, which the
 rewrites. The desk's own in-process session is the reference: over MCP, a call must answer exactly
 what DeskService answers in process (value, refusal text, fault).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -93,9 +94,23 @@ def http_server(tmp_path_factory):
     work = tmp_path_factory.mktemp("mcp-http")
     toolset, port = shutil.copyfile(V2, work / "toolset.json"), free_port()
     with open(work / "server.log", "w") as log:
-        proc = subprocess.Popen([sys.executable, str(SERVER), "--toolset", str(toolset), "--transport", "http",
-                                 "--host", "127.0.0.1", "--port", str(port)], stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                str(SERVER),
+                "--toolset",
+                str(toolset),
+                "--transport",
+                "http",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         try:
             deadline = time.monotonic() + 30
             while not port_busy(port):
@@ -127,12 +142,15 @@ def test_list_tools_is_the_toolset(served):
 def test_calls_answer_as_the_desk_does_in_process(served):
     tools = load_toolset(V2)["tools"]
     reference = InProcessSession(DeskService(_tool_bindings(tools), strict=True), (ToolError,))
-    calls = [("calculate", ADD), ("calculate", {"x": "7", "y": "5", "operator": "*"}),
-             ("convert_units", {"quantity": 3, "source": "km", "target": "m"}),
-             ("city_facts", {"name": "oslo", "attribute": "country"}),
-             ("calculate", {"x": "2", "y": "3", "operator": "add"}),  # v2 is strict: symbols only
-             ("convert_units", {"quantity": 3, "source": "kilometers", "target": "m"}),
-             ("city_facts", {"name": "Oslo", "attribute": "country"})]
+    calls = [
+        ("calculate", ADD),
+        ("calculate", {"x": "7", "y": "5", "operator": "*"}),
+        ("convert_units", {"quantity": 3, "source": "km", "target": "m"}),
+        ("city_facts", {"name": "oslo", "attribute": "country"}),
+        ("calculate", {"x": "2", "y": "3", "operator": "add"}),  # v2 is strict: symbols only
+        ("convert_units", {"quantity": 3, "source": "kilometers", "target": "m"}),
+        ("city_facts", {"name": "Oslo", "attribute": "country"}),
+    ]
     with served.backend.open_session({"task_id": "t"}) as session:
         assert session.shared  # the desk server speaks 2026-07-28: stateless, one connection for all
         got = [session.call(name, args) for name, args in calls]
@@ -152,8 +170,10 @@ def test_unknown_tool_and_bad_arguments_are_errors(served):
 def test_concurrent_acalls_from_another_loop(served):
     async def many():
         session = served.backend.open_session()
-        return await asyncio.gather(*(session.acall("calculate", {"x": str(i), "y": "1", "operator": "+"})
-                                      for i in range(20)))
+        return await asyncio.gather(
+            *(session.acall("calculate", {"x": str(i), "y": "1", "operator": "+"}) for i in range(20))
+        )
+
     assert [r.text for r in asyncio.run(many())] == [str(i + 1) for i in range(20)]
 
 

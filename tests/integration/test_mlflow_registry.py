@@ -1,6 +1,7 @@
 """MLflow tracking and the registry against a real `mlflow server` (SQLite) with artifacts on a real S3
 endpoint (moto server): a run logged as the pipeline logs it, alias moves once per run key, checksum
 refusal at load, a server that is down, and no credential anywhere."""
+
 from __future__ import annotations
 
 import json
@@ -23,7 +24,9 @@ def model_dirs(tmp_path_factory):
     for version, seed in (("1", 0), ("2", 1)):
         s = load_settings(environ={}, overrides={"model": {"seed": seed}})
         model, tok = build_model(s.model)
-        out[version] = save_model(model, tok, tmp_path_factory.mktemp(f"m{version}") / "model", toolset=load_toolset(version))
+        out[version] = save_model(
+            model, tok, tmp_path_factory.mktemp(f"m{version}") / "model", toolset=load_toolset(version)
+        )
     return out
 
 
@@ -31,9 +34,15 @@ def _log_pipeline_run(tracker, settings, model_dir: Path, tmp_path: Path, run_ke
     drift = {"drifted": True, "reasons": ["calc: success rate 0.91 -> 0.45"]}
     (tmp_path / "docs").mkdir(parents=True, exist_ok=True)
     (tmp_path / "docs" / "index.html").write_text("<html>gx</html>")
-    with tracker.pipeline_run("nightly", settings=settings,
-                              tags={"airflow.dag_id": "continuous_post_training", "airflow.run_id": run_key,
-                                    "evergreen.registry_hash": "sha256:abc"}) as run:
+    with tracker.pipeline_run(
+        "nightly",
+        settings=settings,
+        tags={
+            "airflow.dag_id": "continuous_post_training",
+            "airflow.run_id": run_key,
+            "evergreen.registry_hash": "sha256:abc",
+        },
+    ) as run:
         with tracker.stage("rollouts"):
             for step in range(3):
                 tracker.log_metrics({"reward_mean": 0.2 * step, "tokens": 1000 * step}, step=step)
@@ -42,8 +51,12 @@ def _log_pipeline_run(tracker, settings, model_dir: Path, tmp_path: Path, run_ke
         with tracker.stage("evals"):
             tracker.log_metrics({"target": {"challenger": 0.8, "champion": 0.3}})
             tracker.log_dict({"rows": [{"task_id": "t0", "greedy_success": 1.0}]}, "evals/table.json")
-        digest = tracker.log_dataset(pd.DataFrame({"trace_id": ["a", "b"], "workload": ["calc", "lookup"]}),
-                                     name="traces-2026-12-01", source="s3://prod-traces/agent/", context="training")
+        digest = tracker.log_dataset(
+            pd.DataFrame({"trace_id": ["a", "b"], "workload": ["calc", "lookup"]}),
+            name="traces-2026-12-01",
+            source="s3://prod-traces/agent/",
+            context="training",
+        )
         tracker.log_dict(drift, "signals/drift_report.json")
         tracker.log_artifacts(tmp_path / "docs", "signals/gx_docs")
         tracker.log_artifacts(model_dir, "model")
@@ -58,7 +71,9 @@ def test_a_pipeline_run_is_logged_with_nested_stages_inputs_artifacts_and_tags(m
     from tasks.tracking import Tracker
 
     tracker = Tracker(mlflow_server.uri, experiment="evergreen-it")
-    run, digest = _log_pipeline_run(tracker, load_settings(environ={}), model_dirs["1"], tmp_path, "manual__2026-12-01T00:00:00+00:00")
+    run, digest = _log_pipeline_run(
+        tracker, load_settings(environ={}), model_dirs["1"], tmp_path, "manual__2026-12-01T00:00:00+00:00"
+    )
     client = MlflowClient()
     got = client.get_run(run.info.run_id)
     assert got.data.params["grpo.lr"] == str(load_settings(environ={}).grpo.lr)
@@ -153,16 +168,20 @@ def test_a_tampered_artifact_is_refused_at_load_through_models_uri(mlflow_server
     reg = ModelRegistry(NAME + "-tamper")
     reg.promote(reg.register(run_id, "model", run_key="t1"), run_key="t1")
     model, _, _ = load_model(f"models:/{NAME}-tamper@champion", cache_dir=tmp_path / "ok")
-    key = next(o["Key"] for o in s3.list_objects_v2(Bucket="mlflow-artifacts")["Contents"]
-               if run_id in o["Key"] and o["Key"].endswith("model/config.json"))
+    key = next(
+        o["Key"]
+        for o in s3.list_objects_v2(Bucket="mlflow-artifacts")["Contents"]
+        if run_id in o["Key"] and o["Key"].endswith("model/config.json")
+    )
     body = s3.get_object(Bucket="mlflow-artifacts", Key=key)["Body"].read()
     s3.put_object(Bucket="mlflow-artifacts", Key=key, Body=body.replace(b'"hidden_size": 128', b'"hidden_size": 256'))
     with pytest.raises(ChecksumError, match="config.json"):
         load_model(f"models:/{NAME}-tamper@champion", cache_dir=tmp_path / "bad")
 
 
-def test_a_registered_model_is_an_mlflow_transformers_model_and_evergreen_loads_its_directory(mlflow_server, s3,
-                                                                                               model_dirs, tmp_path):
+def test_a_registered_model_is_an_mlflow_transformers_model_and_evergreen_loads_its_directory(
+    mlflow_server, s3, model_dirs, tmp_path
+):
     import mlflow
     import mlflow.transformers
 
@@ -244,8 +263,10 @@ def _comparisons(target_champion, target_challenger, guard_champion, guard_chall
         hits[rng.choice(n, int(round(p * n)), replace=False)] = 1
         return EvalResult([{"task_id": f"t{i}", "greedy_success": float(h)} for i, h in enumerate(hits)])
 
-    return {"2": compare(table(target_challenger), table(target_champion), "greedy_success", 500),
-            "1": compare(table(guard_challenger), table(guard_champion), "greedy_success", 500)}
+    return {
+        "2": compare(table(target_challenger), table(target_champion), "greedy_success", 500),
+        "1": compare(table(guard_challenger), table(guard_champion), "greedy_success", 500),
+    }
 
 
 @pytest.mark.parametrize("gain, promoted", [(0.50, True), (0.0, False)])
@@ -271,12 +292,24 @@ def test_promotion_step_decides_logs_and_moves(mlflow_server, model_dirs, gain, 
         registry.promote(champion_version, run_key="boot")
     with tracker.pipeline_run("nightly") as run:
         tracker.log_artifacts(model_dirs["2"], "model")
-        result = promotion_step(settings, _comparisons(0.3, 0.3 + gain, 0.9, 0.9), {"data": True, "evals": True},
-                                [StageUsage("grpo", 600, cpus=2, tokens_generated=10_000)], run.info.run_id,
-                                run_key="nightly-1", tracker=tracker)
-        again = promotion_step(settings, _comparisons(0.3, 0.3 + gain, 0.9, 0.9), {"data": True, "evals": True},
-                               [StageUsage("grpo", 600, cpus=2, tokens_generated=10_000)], run.info.run_id,
-                               run_key="nightly-1", tracker=tracker)
+        result = promotion_step(
+            settings,
+            _comparisons(0.3, 0.3 + gain, 0.9, 0.9),
+            {"data": True, "evals": True},
+            [StageUsage("grpo", 600, cpus=2, tokens_generated=10_000)],
+            run.info.run_id,
+            run_key="nightly-1",
+            tracker=tracker,
+        )
+        again = promotion_step(
+            settings,
+            _comparisons(0.3, 0.3 + gain, 0.9, 0.9),
+            {"data": True, "evals": True},
+            [StageUsage("grpo", 600, cpus=2, tokens_generated=10_000)],
+            run.info.run_id,
+            run_key="nightly-1",
+            tracker=tracker,
+        )
     assert result["decision"]["promote"] is promoted and again["version"] == result["version"]
     aliases = registry.aliases()
     if promoted:
@@ -319,8 +352,9 @@ def test_a_challenger_is_not_promoted_over_a_champion_that_moved_since_it_was_me
     decision = judge(settings, comparisons, {"data": True, "evals": True}, report)
     assert decision.promote  # against the champion it measured, A wins
     with tracker.within(runs["run-a"]):
-        result = apply_decision(settings, decision, report, comparisons, runs["run-a"], "run-a", tracker,
-                                champion_version=first)
+        result = apply_decision(
+            settings, decision, report, comparisons, runs["run-a"], "run-a", tracker, champion_version=first
+        )
     assert result["decision"]["promote"] is False and not result["move"]["moved"]
     assert "champion moved from version 1 to 2" in result["decision"]["reasons"][0]
     assert registry.aliases()["champion"] == second and registry.aliases()["previous"] == first

@@ -3,6 +3,7 @@ simulated production, the monitor's check, signals, a local Ray head, probes, th
 gate, model registry, summary), run as a user runs it, against an MLflow server whose tracking URI carries
 credentials: none of them may appear in the output, the run's files, or what MLflow keeps (params, tags,
 artifacts)."""
+
 from __future__ import annotations
 
 import json
@@ -24,8 +25,11 @@ def _leaks(secret: str, texts: dict[str, str], roots: list[Path], s3, buckets: l
     found += [str(f) for root in roots for f in root.rglob("*") if f.is_file() and needle in f.read_bytes()]
     for bucket in buckets:
         for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket):
-            found += [f"s3://{bucket}/{o['Key']}" for o in page.get("Contents", [])
-                      if needle in s3.get_object(Bucket=bucket, Key=o["Key"])["Body"].read()]
+            found += [
+                f"s3://{bucket}/{o['Key']}"
+                for o in page.get("Contents", [])
+                if needle in s3.get_object(Bucket=bucket, Key=o["Key"])["Body"].read()
+            ]
     return found
 
 
@@ -35,23 +39,35 @@ def test_the_command_line_demo_runs_the_stages_and_writes_their_artifacts(settin
 
     secret = f"grep-me-{secrets.token_hex(8)}"
     tag = secrets.token_hex(4)  # the session's MLflow server is shared: this run's own experiment and model
-    s = settings.model_copy(update={
-        "run_dir": tmp_path / "demo",
-        "tracking": settings.tracking.model_copy(update={
-            "uri": mlflow_server.uri.replace("http://", f"http://evergreen:{secret}@"), "experiment": f"cli-{tag}"}),
-        "promotion": settings.promotion.model_copy(update={"model_name": f"cli-agent-{tag}"}),
-        "bootstrap": settings.bootstrap.model_copy(update={"steps": 3, "batch_size": 8}),
-        "grpo": settings.grpo.model_copy(update={"steps": 2, "tasks_per_step": 4, "checkpoint_every": 1,
-                                                 "production_share": 0.5}),
-        "rollout": settings.rollout.model_copy(update={"group_size": 2}),
-        "simulate": settings.simulate.model_copy(update={"traces": 240}),
-    })
+    s = settings.model_copy(
+        update={
+            "run_dir": tmp_path / "demo",
+            "tracking": settings.tracking.model_copy(
+                update={
+                    "uri": mlflow_server.uri.replace("http://", f"http://evergreen:{secret}@"),
+                    "experiment": f"cli-{tag}",
+                }
+            ),
+            "promotion": settings.promotion.model_copy(update={"model_name": f"cli-agent-{tag}"}),
+            "bootstrap": settings.bootstrap.model_copy(update={"steps": 3, "batch_size": 8}),
+            "grpo": settings.grpo.model_copy(
+                update={"steps": 2, "tasks_per_step": 4, "checkpoint_every": 1, "production_share": 0.5}
+            ),
+            "rollout": settings.rollout.model_copy(update={"group_size": 2}),
+            "simulate": settings.simulate.model_copy(update={"traces": 240}),
+        }
+    )
     (tmp_path / "settings.json").write_text(s.model_dump_json())
     # a user's shell: not the test session's Ray cluster
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_") or k == "RAY_TRAIN_V2_ENABLED"}
-    proc = subprocess.run([sys.executable, "-m", "tasks", "--settings", str(tmp_path / "settings.json"), "demo"],
-                          capture_output=True, text=True, timeout=1500, cwd=PROJECT_ROOT,
-                          env={**env, "PYTHONPATH": str(PROJECT_ROOT)})
+    proc = subprocess.run(
+        [sys.executable, "-m", "tasks", "--settings", str(tmp_path / "settings.json"), "demo"],
+        capture_output=True,
+        text=True,
+        timeout=1500,
+        cwd=PROJECT_ROOT,
+        env={**env, "PYTHONPATH": str(PROJECT_ROOT)},
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = proc.stdout
     runs = list((tmp_path / "demo" / "continuous_post_training").glob("*/summary.json"))
@@ -66,8 +82,13 @@ def test_the_command_line_demo_runs_the_stages_and_writes_their_artifacts(settin
             assert d.low <= d.mean <= d.high
     assert summary.signals.retrain and summary.training["steps"] == 2
     promo = summary.promotion
-    assert {c["name"] for c in promo["decision"]["checks"]} >= {"target_gain", "gain_per_dollar", "validation:data",
-                                                                "validation:evals", "guard:registry_v1"}
+    assert {c["name"] for c in promo["decision"]["checks"]} >= {
+        "target_gain",
+        "gain_per_dollar",
+        "validation:data",
+        "validation:evals",
+        "guard:registry_v1",
+    }
     assert promo["cost"]["run_usd"] > 0 and promo["aliases"]["champion"]
     if promo["decision"]["promote"]:  # the challenger alias is consumed by the move
         assert promo["aliases"]["champion"] == promo["version"] and "challenger" not in promo["aliases"]
@@ -80,8 +101,11 @@ def test_the_command_line_demo_runs_the_stages_and_writes_their_artifacts(settin
     # tasks from the window's traces: round(0.5 * 3) = 2 of each step's 3 target tasks (4 with 1 guard)
     production = json.loads((rd / "signals.json").read_text())["production_tasks"]
     assert production["used"] and production["train"] > 0, production
-    trained = {json.loads(line)["task_id"] for f in (rd / "grpo" / "rollouts").glob("*/*.jsonl")
-               for line in f.read_text().splitlines()}
+    trained = {
+        json.loads(line)["task_id"]
+        for f in (rd / "grpo" / "rollouts").glob("*/*.jsonl")
+        for line in f.read_text().splitlines()
+    }
     assert any(t.startswith("desk-prod-") for t in trained), sorted(trained)[:10]
     held = {json.loads(line)["task_id"] for line in (rd / "production_tasks" / "eval.jsonl").read_text().splitlines()}
     assert not trained & held
@@ -102,5 +126,7 @@ def test_the_command_line_demo_runs_the_stages_and_writes_their_artifacts(settin
     texts = {"stdout": proc.stdout, "stderr": proc.stderr, "server log": mlflow_server.log_path.read_text()}
     texts |= {f"{r.info.run_id} params/tags": json.dumps([r.data.params, r.data.tags]) for r in runs}
     for credential in (secret, s3.secret_for_tests):
-        assert _leaks(credential, texts, [tmp_path / "demo", mlflow_server.log_path.parent], s3,
-                      ["mlflow-artifacts"]) == [], credential
+        assert (
+            _leaks(credential, texts, [tmp_path / "demo", mlflow_server.log_path.parent], s3, ["mlflow-artifacts"])
+            == []
+        ), credential

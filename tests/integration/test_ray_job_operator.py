@@ -7,6 +7,7 @@ environment: every call here authenticates with the cluster's `env` (an explicit
 whatever Ray auth settings the calling process happens to have. Jobs are tiny shell / `python -c`
 commands with an empty runtime_env, except one that uses the default working_dir (this project).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -72,8 +73,9 @@ def cluster():
     try:
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(cluster_module, "subprocess", _OwnAgentPort())
-            head = start_local_head(f"/tmp/eg-rj-{secrets.token_hex(2)}", port=_free_port(), num_cpus=1,
-                                    dashboard_port=_free_port())
+            head = start_local_head(
+                f"/tmp/eg-rj-{secrets.token_hex(2)}", port=_free_port(), num_cpus=1, dashboard_port=_free_port()
+            )
     finally:
         os.environ.update(held)
     assert head.env["RAY_AUTH_TOKEN_PATH"].startswith(head.temp_dir), head.env
@@ -147,10 +149,12 @@ def test_trigger_streams_lines_while_job_runs_then_fires_succeeded(hook, cluster
     # event-driven, no sleep decides it: the job prints its lines, then waits for a file that the test
     # creates only once the trigger has logged the last line, so the lines are streamed while it runs
     release = tmp_path / "release"
-    code = ("import os, sys, time\nfor i in range(3):\n    print('eg-line', i, flush=True)\n"
-            "deadline = time.time() + 120\n"
-            f"while not os.path.exists({str(release)!r}) and time.time() < deadline:\n    time.sleep(0.05)\n"
-            f"sys.exit(0 if os.path.exists({str(release)!r}) else 3)")
+    code = (
+        "import os, sys, time\nfor i in range(3):\n    print('eg-line', i, flush=True)\n"
+        "deadline = time.time() + 120\n"
+        f"while not os.path.exists({str(release)!r}) and time.time() < deadline:\n    time.sleep(0.05)\n"
+        f"sys.exit(0 if os.path.exists({str(release)!r}) else 3)"
+    )
     job_id = hook.submit(f'python -c "{code}"', _sid("ok"), runtime_env={})
     trigger = RayJobTrigger(job_id, cluster["dashboard_url"], cluster["env"], poll_interval=0.3, timeout=150)
     last_line = f"[ray job {job_id}] eg-line 2"
@@ -179,8 +183,14 @@ def test_trigger_streams_lines_while_job_runs_then_fires_succeeded(hook, cluster
 
 
 def test_failed_job_fails_the_task_with_its_last_log_lines(cluster):
-    op = RayJobOperator(task_id="fails", cluster=cluster, runtime_env={}, deferrable=False, poll_interval=0.3,
-                        entrypoint="python -c \"import sys; print('bad reward shape: expected 8 got 7'); sys.exit(1)\"")
+    op = RayJobOperator(
+        task_id="fails",
+        cluster=cluster,
+        runtime_env={},
+        deferrable=False,
+        poll_interval=0.3,
+        entrypoint="python -c \"import sys; print('bad reward shape: expected 8 got 7'); sys.exit(1)\"",
+    )
     ctx = _context("fails")
     with pytest.raises(AirflowException) as err:
         op.execute(ctx)
@@ -200,8 +210,15 @@ def test_same_submission_id_twice_is_one_job(hook):
 
 
 def test_execute_defers_to_a_trigger_that_round_trips_and_completes(cluster):
-    op = RayJobOperator(task_id="defers", cluster=cluster, runtime_env={}, env_vars={"EG_GREETING": "hi"},
-                        entrypoint="echo greeting=$EG_GREETING", poll_interval=0.3, timeout=120)
+    op = RayJobOperator(
+        task_id="defers",
+        cluster=cluster,
+        runtime_env={},
+        env_vars={"EG_GREETING": "hi"},
+        entrypoint="echo greeting=$EG_GREETING",
+        poll_interval=0.3,
+        timeout=120,
+    )
     ctx = _context("defers", try_number=2, map_index=3)
     with pytest.raises(TaskDeferred) as deferred:
         op.execute(ctx)
@@ -262,8 +279,13 @@ def test_trigger_times_out_and_the_operator_stops_the_job(hook, cluster):
 
 
 def test_default_working_dir_makes_the_project_importable(cluster):
-    op = RayJobOperator(task_id="project", cluster=cluster, deferrable=False, poll_interval=0.5,
-                        entrypoint="python -c \"import tasks.config; print('config from', tasks.config.__file__)\"")
+    op = RayJobOperator(
+        task_id="project",
+        cluster=cluster,
+        deferrable=False,
+        poll_interval=0.5,
+        entrypoint="python -c \"import tasks.config; print('config from', tasks.config.__file__)\"",
+    )
     assert op.execute(_context("project"))["status"] == "SUCCEEDED"
 
 

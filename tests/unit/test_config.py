@@ -1,4 +1,5 @@
 """Typed settings (tasks/config.py): the shipped YAML, EVERGREEN_ overrides, errors that name the fix."""
+
 from pathlib import Path
 
 import pytest
@@ -33,11 +34,17 @@ def test_defaults_load_from_the_shipped_yaml():
 
 
 def test_env_override_is_typed():
-    s = load_settings(environ={"EVERGREEN_GRPO__STEPS": "3", "EVERGREEN_ROLLOUT__TEMPERATURE": "0.5",
-                               "OTHER_GRPO__STEPS": "9", "EVERGREEN_CONFIG_HINT": "x"})
+    s = load_settings(
+        environ={
+            "EVERGREEN_GRPO__STEPS": "3",
+            "EVERGREEN_ROLLOUT__TEMPERATURE": "0.5",
+            "OTHER_GRPO__STEPS": "9",
+            "EVERGREEN_CONFIG_HINT": "x",
+        }
+    )
     assert s.grpo.steps == 3 and isinstance(s.grpo.steps, int)
     assert s.rollout.temperature == 0.5
-    assert s.grpo.tasks_per_step == 16   # the rest of the section still comes from the file
+    assert s.grpo.tasks_per_step == 16  # the rest of the section still comes from the file
 
 
 def test_explicit_overrides_win_over_env():
@@ -73,10 +80,13 @@ def test_hidden_size_not_divisible_by_heads_raises_naming_the_field():
     assert "EVERGREEN_MODEL" in msg
 
 
-@pytest.mark.parametrize("environ, variable", [
-    ({"EVERGREEN_GRPO__EPS_HIGH": "0.1"}, "EVERGREEN_GRPO__EPS_HIGH"),
-    ({"EVERGREEN_MODEL__NUM_HEADS": "3"}, "EVERGREEN_MODEL__NUM_HEADS"),
-])
+@pytest.mark.parametrize(
+    "environ, variable",
+    [
+        ({"EVERGREEN_GRPO__EPS_HIGH": "0.1"}, "EVERGREEN_GRPO__EPS_HIGH"),
+        ({"EVERGREEN_MODEL__NUM_HEADS": "3"}, "EVERGREEN_MODEL__NUM_HEADS"),
+    ],
+)
 def test_cross_field_error_names_a_real_override_variable(environ, variable):
     assert variable in _error(environ)
 
@@ -86,18 +96,31 @@ def test_gpu_weight_transfer_needs_gpu_training_and_engines(backend):
     msg = _error({"EVERGREEN_ROLLOUT__WEIGHT_TRANSFER_BACKEND": backend})
     assert f"weight_transfer_backend={backend} moves weights GPU to GPU" in msg
     assert "grpo.gpus_per_train_worker and rollout.gpus_per_worker" in msg and "weight_transfer_backend=gloo" in msg
-    on_gpus = {"EVERGREEN_ROLLOUT__WEIGHT_TRANSFER_BACKEND": backend, "EVERGREEN_ROLLOUT__GPUS_PER_WORKER": "0.25",
-               "EVERGREEN_GRPO__GPUS_PER_TRAIN_WORKER": "0.5"}
+    on_gpus = {
+        "EVERGREEN_ROLLOUT__WEIGHT_TRANSFER_BACKEND": backend,
+        "EVERGREEN_ROLLOUT__GPUS_PER_WORKER": "0.25",
+        "EVERGREEN_GRPO__GPUS_PER_TRAIN_WORKER": "0.5",
+    }
     s = load_settings(environ=on_gpus)
     assert s.grpo.device == "cuda" and s.rollout.gpus_per_worker == 0.25
     # the object-store path never sends GPU tensors: no GPUs needed whatever the backend field says
-    load_settings(environ={"EVERGREEN_ROLLOUT__WEIGHT_TRANSFER_BACKEND": backend,
-                           "EVERGREEN_ROLLOUT__WEIGHT_SYNC": "object_store"})
+    load_settings(
+        environ={
+            "EVERGREEN_ROLLOUT__WEIGHT_TRANSFER_BACKEND": backend,
+            "EVERGREEN_ROLLOUT__WEIGHT_SYNC": "object_store",
+        }
+    )
 
 
 def test_ipc_weight_transfer_serves_one_trainer_worker():
-    msg = _error({"EVERGREEN_ROLLOUT__WEIGHT_TRANSFER_BACKEND": "ipc", "EVERGREEN_ROLLOUT__GPUS_PER_WORKER": "0.25",
-                  "EVERGREEN_GRPO__GPUS_PER_TRAIN_WORKER": "0.5", "EVERGREEN_GRPO__NUM_TRAIN_WORKERS": "2"})
+    msg = _error(
+        {
+            "EVERGREEN_ROLLOUT__WEIGHT_TRANSFER_BACKEND": "ipc",
+            "EVERGREEN_ROLLOUT__GPUS_PER_WORKER": "0.25",
+            "EVERGREEN_GRPO__GPUS_PER_TRAIN_WORKER": "0.5",
+            "EVERGREEN_GRPO__NUM_TRAIN_WORKERS": "2",
+        }
+    )
     assert "grpo.num_train_workers=1" in msg
 
 

@@ -6,6 +6,7 @@ No Docker engine, Kubernetes or Helm runs on this machine, so these are static c
 version bump on one side only would break (image names, Ray/Airflow versions, service account names,
 namespaces, EVERGREEN_* variables that the settings model must accept).
 """
+
 from __future__ import annotations
 
 import re
@@ -78,9 +79,12 @@ def test_the_rayjob_example_runs_the_same_ray_and_a_real_command():
     assert job["spec"]["rayClusterSpec"]["rayVersion"] == _pin("requirements.txt", "ray")
     assert job["spec"]["entrypoint"].startswith("python -m tasks train ")
     # the example's cluster passes the same checks as the template (wrapped as a RayCluster)
-    as_cluster = {"apiVersion": "ray.io/v1", "kind": "RayCluster",
-                  "metadata": {"name": job["metadata"]["name"], "namespace": job["metadata"]["namespace"]},
-                  "spec": job["spec"]["rayClusterSpec"]}
+    as_cluster = {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayCluster",
+        "metadata": {"name": job["metadata"]["name"], "namespace": job["metadata"]["namespace"]},
+        "spec": job["spec"]["rayClusterSpec"],
+    }
     assert validate_raycluster(as_cluster) == []
 
 
@@ -94,8 +98,10 @@ def test_rbac_lets_the_airflow_service_accounts_manage_rayclusters_in_the_templa
     assert any("secrets" in r["resources"] and "get" in r["verbs"] for r in docs["Role"]["rules"])  # the Ray token
     values = _load("helm/values.yaml")
     subjects = {s["name"] for s in docs["RoleBinding"]["subjects"]}
-    assert subjects == {values["workers"]["kubernetes"]["serviceAccount"]["name"],
-                        values["triggerer"]["serviceAccount"]["name"]}
+    assert subjects == {
+        values["workers"]["kubernetes"]["serviceAccount"]["name"],
+        values["triggerer"]["serviceAccount"]["name"],
+    }
 
 
 def _env(values: dict) -> dict:
@@ -149,7 +155,9 @@ def test_dockerfile_builds_on_airflow_3_3_2_and_installs_the_requirements_like_t
     assert torch_cmd and torch_cmd.group(1) == torch
     assert "ARG TORCH_CPU_INDEX=https://download.pytorch.org/whl/cpu" in text
     # the requirements, with apache-airflow pinned in the same pip call (the Airflow image's rule)
-    req_cmd = re.search(r'pip install [^;]*"apache-airflow==\$\{AIRFLOW_VERSION\}" -r "/tmp/evergreen/\$\{REQUIREMENTS\}"', text)
+    req_cmd = re.search(
+        r'pip install [^;]*"apache-airflow==\$\{AIRFLOW_VERSION\}" -r "/tmp/evergreen/\$\{REQUIREMENTS\}"', text
+    )
     assert req_cmd and text.index(torch_cmd.group(0)) < text.index(req_cmd.group(0)), installs
     assert re.search(r"pip uninstall -y torchvision torchaudio torchcodec triton", text)
     assert re.search(r"COPY [^\n]*requirements\.txt requirements-gpu\.txt /tmp/evergreen/", text)
@@ -158,17 +166,25 @@ def test_dockerfile_builds_on_airflow_3_3_2_and_installs_the_requirements_like_t
 def test_dockerfile_copies_the_source_folders_and_configures_airflow():
     text = _dockerfile()
     for folder in SOURCE_FOLDERS:
-        assert re.search(rf"^COPY --chown=airflow:root {folder} /opt/airflow/evergreen/{folder}$", text, flags=re.M), folder
-    for setting in ("PYTHONPATH=/opt/airflow/evergreen", "AIRFLOW__CORE__DAGS_FOLDER=/opt/airflow/evergreen/dags",
-                    "AIRFLOW__CORE__PLUGINS_FOLDER=/opt/airflow/evergreen/plugins"):
+        assert re.search(rf"^COPY --chown=airflow:root {folder} /opt/airflow/evergreen/{folder}$", text, flags=re.M), (
+            folder
+        )
+    for setting in (
+        "PYTHONPATH=/opt/airflow/evergreen",
+        "AIRFLOW__CORE__DAGS_FOLDER=/opt/airflow/evergreen/dags",
+        "AIRFLOW__CORE__PLUGINS_FOLDER=/opt/airflow/evergreen/plugins",
+    ):
         assert setting in text
     users = re.findall(r"^USER\s+(\S+)", text, flags=re.M)
     assert users[-1] == "airflow", "the image must not run as root"
 
 
 def test_dockerignore_keeps_local_state_out():
-    patterns = {line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
-                if line.strip() and not line.startswith("#")}
+    patterns = {
+        line.strip()
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    }
     assert {".venv", "runs", ".git", ".stack", "test-artifacts"} <= patterns
     for needed in (*SOURCE_FOLDERS, "requirements.txt", "requirements-gpu.txt"):
         assert needed not in patterns

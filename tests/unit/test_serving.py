@@ -1,4 +1,5 @@
 """`make serve`'s command line (tasks/serving.py); the server itself: tests/e2e/test_serve.py."""
+
 from tasks.config import load_settings
 from tasks.serving import SERVED_NAME, serve_command
 

@@ -1,4 +1,5 @@
 """scripts/stack.py: stopping the stack ends the processes that left its services' process groups."""
+
 import os
 import subprocess
 import sys
@@ -9,8 +10,11 @@ from scripts.stack import Stack
 
 def _sleeper(marker: str) -> subprocess.Popen:
     # its own session, as the LocalExecutor's task processes have: a signal to the scheduler's group misses it
-    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True,
-                            env=os.environ | {"EVERGREEN_STACK": marker})
+    return subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(600)"],
+        start_new_session=True,
+        env=os.environ | {"EVERGREEN_STACK": marker},
+    )
 
 
 def test_stop_ends_the_stacks_strays_and_only_them(tmp_path):

@@ -1,5 +1,6 @@
 """tasks/storage.py on local disk: a published directory is never missing or half there while it is
 replaced, and what it replaced is gone."""
+
 import threading
 
 from tasks.storage import publish_dir

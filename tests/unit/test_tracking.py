@@ -1,4 +1,5 @@
 """Credentials never leave the process through params or tags: tasks.tracking.redact/flatten."""
+
 from tasks.config import load_settings
 from tasks.tracking import flatten, redact
 

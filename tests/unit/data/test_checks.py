@@ -1,4 +1,5 @@
 """GX checks on the loop's own data, built from real records and eval tables of the desk environment."""
+
 from __future__ import annotations
 
 import copy
@@ -42,15 +43,22 @@ def test_real_records_pass(records, validator):
     assert result.success, [e.message for e in result.expectations if not e.success]
 
 
-@pytest.mark.parametrize("mutate, reason", [
-    (lambda rs: rs.append(copy.deepcopy(rs[0])), "a rollout is counted twice"),
-    (lambda rs: rs[1].update(rollout_index=4), "rollout_index outside the group"),
-    (lambda rs: rs[2].update(reward=1.5), "reward outside [0, 1]"),
-    (lambda rs: rs[3].update(logprobs=[0.3] + rs[3]["logprobs"][1:], completion_mask=[1] + rs[3]["completion_mask"][1:]),
-     "a logprob above 0"),
-    (lambda rs: rs[4].update(logprobs=rs[4]["logprobs"][:-1]), "completion ids and logprobs differ in length"),
-    (lambda rs: rs[5].update(policy_version=-1), "policy_version < 0"),
-])
+@pytest.mark.parametrize(
+    "mutate, reason",
+    [
+        (lambda rs: rs.append(copy.deepcopy(rs[0])), "a rollout is counted twice"),
+        (lambda rs: rs[1].update(rollout_index=4), "rollout_index outside the group"),
+        (lambda rs: rs[2].update(reward=1.5), "reward outside [0, 1]"),
+        (
+            lambda rs: rs[3].update(
+                logprobs=[0.3] + rs[3]["logprobs"][1:], completion_mask=[1] + rs[3]["completion_mask"][1:]
+            ),
+            "a logprob above 0",
+        ),
+        (lambda rs: rs[4].update(logprobs=rs[4]["logprobs"][:-1]), "completion ids and logprobs differ in length"),
+        (lambda rs: rs[5].update(policy_version=-1), "policy_version < 0"),
+    ],
+)
 def test_each_broken_record_is_named(records, validator, mutate, reason):
     broken = copy.deepcopy(records)
     mutate(broken)
@@ -62,8 +70,16 @@ def test_each_broken_record_is_named(records, validator, mutate, reason):
 
 
 def _table(n):
-    return [{"task_id": f"t{i}", "family": "calc", "greedy_success": float(i % 2), "sampled_success": 0.25 * (i % 5),
-             "sampled_reward": 0.5} for i in range(n)]
+    return [
+        {
+            "task_id": f"t{i}",
+            "family": "calc",
+            "greedy_success": float(i % 2),
+            "sampled_success": 0.25 * (i % 5),
+            "sampled_reward": 0.5,
+        }
+        for i in range(n)
+    ]
 
 
 def test_eval_table_passes_and_fails_by_reason(validator, tmp_path):
@@ -75,7 +91,10 @@ def test_eval_table_passes_and_fails_by_reason(validator, tmp_path):
     table[4]["task_id"] = "t5"
     table[6]["greedy_success"] = 0.5
     bad = check_eval_table(table, min_tasks=20, validator=validator)
-    assert {"success rate missing where samples were claimed", "a task is counted twice",
-            "greedy success is not 0 or 1"} <= {e.reason for e in bad.expectations if not e.success}
+    assert {
+        "success rate missing where samples were claimed",
+        "a task is counted twice",
+        "greedy success is not 0 or 1",
+    } <= {e.reason for e in bad.expectations if not e.success}
     docs = check_eval_table(_table(20), min_tasks=20, docs_dir=tmp_path / "docs")
     assert docs.success and (tmp_path / "docs" / "index.html").exists()

@@ -8,6 +8,7 @@ row expectations give the failing rows' indices; raise_for_failure names expecta
 threshold; $PARAMETER thresholds follow the parameters given; data docs are written when asked; an unknown
 suite name lists the known ones.
 """
+
 from __future__ import annotations
 
 import json
@@ -32,11 +33,14 @@ def validator():
 
 # ---- good frames, one per suite, and their parameters ------------------------------------------------
 
+
 def traces_frame() -> pd.DataFrame:
-    rows = [("t-0", "calc", 1_000.0, 50, 10, 0, 1, 120.0, 1.0, 1),
-            ("t-1", "convert", 2_000.0, 60, 12, 1, 2, np.nan, 0.0, 2),
-            ("t-2", "lookup", 3_000.0, 0, 0, 0, 0, 0.0, np.nan, 1),
-            ("t-3", "calc", 4_000.0, 70, 9, 2, 2, 80.0, 0.5, 1)]
+    rows = [
+        ("t-0", "calc", 1_000.0, 50, 10, 0, 1, 120.0, 1.0, 1),
+        ("t-1", "convert", 2_000.0, 60, 12, 1, 2, np.nan, 0.0, 2),
+        ("t-2", "lookup", 3_000.0, 0, 0, 0, 0, 0.0, np.nan, 1),
+        ("t-3", "calc", 4_000.0, 70, 9, 2, 2, 80.0, 0.5, 1),
+    ]
     return pd.DataFrame(rows, columns=list(FLAT_COLUMNS))
 
 
@@ -53,27 +57,49 @@ def rollouts_frame() -> pd.DataFrame:
     for task in range(3):
         for r in range(G):
             n = 5 + task + r
-            rows.append({"task_index": task, "rollout_index": r, "policy_version": 7, "reward": (r % 2) * 1.0,
-                         "completion_tokens": n, "max_logprob": -0.01 * (r + 1), "n_completion_ids": n,
-                         "n_logprobs": n})
+            rows.append(
+                {
+                    "task_index": task,
+                    "rollout_index": r,
+                    "policy_version": 7,
+                    "reward": (r % 2) * 1.0,
+                    "completion_tokens": n,
+                    "max_logprob": -0.01 * (r + 1),
+                    "n_completion_ids": n,
+                    "n_logprobs": n,
+                }
+            )
     return pd.DataFrame(rows)
 
 
 def eval_frame() -> pd.DataFrame:
-    return pd.DataFrame({"task_id": ["calc-0", "calc-1", "convert-0", "lookup-0"],
-                         "family": ["calc", "calc", "convert", "lookup"],
-                         "greedy_success": [1.0, 0.0, 1.0, 1.0],
-                         "sampled_success": [0.75, 0.0, 1.0, 0.5],
-                         "sampled_reward": [0.8, 0.1, np.nan, 0.5]})
+    return pd.DataFrame(
+        {
+            "task_id": ["calc-0", "calc-1", "convert-0", "lookup-0"],
+            "family": ["calc", "calc", "convert", "lookup"],
+            "greedy_success": [1.0, 0.0, 1.0, 1.0],
+            "sampled_success": [0.75, 0.0, 1.0, 0.5],
+            "sampled_reward": [0.8, 0.1, np.nan, 0.5],
+        }
+    )
 
 
 def production_frame() -> pd.DataFrame:
-    return pd.DataFrame({"task_id": ["p-0", "p-1", "p-2", "p-3"],
-                         "question": ["What is 3 plus 4?", "Convert 2 km to m.", "Oslo: country?", "7 times 6 = ?"],
-                         "expected": ["7", "2000", "Norway", "42"], "family": ["calc", "convert", "lookup", "calc"],
-                         "split": ["train", "train", "eval", "eval"],
-                         "content": ['["calc",3,4,"add"]', '["convert",2,"km","m"]', '["lookup","oslo","country"]',
-                                     '["calc",6,7,"mul"]']})
+    return pd.DataFrame(
+        {
+            "task_id": ["p-0", "p-1", "p-2", "p-3"],
+            "question": ["What is 3 plus 4?", "Convert 2 km to m.", "Oslo: country?", "7 times 6 = ?"],
+            "expected": ["7", "2000", "Norway", "42"],
+            "family": ["calc", "convert", "lookup", "calc"],
+            "split": ["train", "train", "eval", "eval"],
+            "content": [
+                '["calc",3,4,"add"]',
+                '["convert",2,"km","m"]',
+                '["lookup","oslo","country"]',
+                '["calc",6,7,"mul"]',
+            ],
+        }
+    )
 
 
 WORKLOADS = ["calc", "convert", "lookup"]
@@ -83,8 +109,10 @@ GOOD = {
     "traces_workloads": (workloads_frame, {"required_workloads": ["calc", "convert", "lookup"]}),
     "rollouts": (rollouts_frame, {"max_rollout_index": G - 1}),
     "eval_results": (eval_frame, {"min_tasks": 4}),
-    "production_tasks": (production_frame, {"min_tasks": 4, "workloads": WORKLOADS,
-                                            "required_splits": ["train", "eval"]}),
+    "production_tasks": (
+        production_frame,
+        {"min_tasks": 4, "workloads": WORKLOADS, "required_splits": ["train", "eval"]},
+    ),
 }
 
 
@@ -95,6 +123,7 @@ def good(suite):
 
 def setter(**cells):
     """A mutation: {column: {row: value}}."""
+
     def f(df):
         for column, by_row in cells.items():
             if df[column].dtype != object and any(v is None or isinstance(v, str) for v in by_row.values()):
@@ -102,6 +131,7 @@ def setter(**cells):
             for row, value in by_row.items():
                 df.loc[row, column] = value
         return df
+
     return f
 
 
@@ -116,96 +146,391 @@ CASES = [
     ("traces", "expect_column_values_to_not_be_null", "trace_id", setter(trace_id={1: None}), None, [1], NULL, {}),
     ("traces", "expect_column_values_to_not_be_null", "workload", setter(workload={2: None}), None, [2], NULL, {}),
     ("traces", "expect_column_values_to_not_be_null", "ts", setter(ts={0: np.nan}), None, [0], NULL, {}),
-    ("traces", "expect_column_values_to_be_between", "ts", setter(ts={3: 4_000.5}), None, [3], 4_000.5,
-     {"max_value": 4_000.0}),
-    ("traces", "expect_column_values_to_be_between", "ts", setter(ts={1: 999.0}), None, [1], 999.0,
-     {"min_value": 1_000.0}),
-    ("traces", "expect_column_values_to_be_between", "prompt_tokens", setter(prompt_tokens={2: -1}), None, [2], -1,
-     {"min_value": 0}),
-    ("traces", "expect_column_values_to_be_between", "completion_tokens", setter(completion_tokens={0: -7}), None,
-     [0], -7, {"min_value": 0}),
-    ("traces", "expect_column_values_to_be_between", "tool_errors", setter(tool_errors={2: -1}), None, [2], -1,
-     {"min_value": 0}),
-    ("traces", "expect_column_pair_values_a_to_be_greater_than_b", "tool_calls,tool_errors",
-     setter(tool_errors={0: 2}), None, [0], [1, 2], {"or_equal": True}),
-    ("traces", "expect_column_values_to_be_between", "latency_ms", setter(latency_ms={3: -0.5}), None, [3], -0.5,
-     {"min_value": 0}),
-    ("traces", "expect_column_values_to_be_between", "reward", setter(reward={1: 1.01}), None, [1], 1.01,
-     {"min_value": 0, "max_value": 1}),
-    ("traces", "expect_column_values_to_be_between", "n_user_messages", setter(n_user_messages={3: 0}), None, [3], 0,
-     {"min_value": 1}),
-
-    ("traces_window", "expect_column_values_to_be_between", "rows_read", setter(rows_read={0: 0}), None, [0], 0,
-     {"min_value": 1}),
-    ("traces_window", "expect_column_values_to_be_between", "rows_accepted", setter(rows_accepted={0: 0}), None,
-     [0], 0, {"min_value": 1}),
-    ("traces_window", "expect_column_values_to_be_between", "quarantined_share",
-     setter(quarantined_share={0: 0.25}), None, [0], 0.25, {"max_value": 0.1}),
-
-    ("traces_workloads", "expect_column_distinct_values_to_contain_set", "workload",
-     lambda df: df[df.workload != "convert"].reset_index(drop=True), None, None, {"missing": ["convert"]},
-     {"value_set": ["calc", "convert", "lookup"]}),
-
-    ("rollouts", "expect_compound_columns_to_be_unique", "task_index,rollout_index,policy_version",
-     setter(rollout_index={5: 0}), None, [4, 5], {"task_index": 1, "rollout_index": 0, "policy_version": 7}, {}),
-    ("rollouts", "expect_column_values_to_be_between", "task_index", setter(task_index={7: -1}), None, [7], -1,
-     {"min_value": 0}),
-    ("rollouts", "expect_column_values_to_be_between", "rollout_index", setter(rollout_index={11: G}), None, [11], G,
-     {"min_value": 0, "max_value": G - 1}),
-    ("rollouts", "expect_column_values_to_be_between", "policy_version", setter(policy_version={2: -1}), None, [2],
-     -1, {"min_value": 0}),
-    ("rollouts", "expect_column_values_to_be_between", "reward", setter(reward={6: 1.5}), None, [6], 1.5,
-     {"min_value": 0, "max_value": 1}),
-    ("rollouts", "expect_column_values_to_be_between", "completion_tokens", setter(completion_tokens={9: 0}), None,
-     [9], 0, {"min_value": 1}),
-    ("rollouts", "expect_column_values_to_be_between", "max_logprob", setter(max_logprob={3: 0.2}), None, [3], 0.2,
-     {"max_value": 0}),
-    ("rollouts", "expect_column_pair_values_to_be_equal", "n_completion_ids,n_logprobs", setter(n_logprobs={8: 3}),
-     None, [8], [7, 3], {}),
-
-    ("eval_results", "expect_table_row_count_to_be_between", "table", lambda df: df, set_params(min_tasks=5), None,
-     4, {"min_value": 5}),
-    ("eval_results", "expect_column_values_to_be_unique", "task_id", setter(task_id={3: "calc-1"}), None, [1, 3],
-     "calc-1", {}),
+    (
+        "traces",
+        "expect_column_values_to_be_between",
+        "ts",
+        setter(ts={3: 4_000.5}),
+        None,
+        [3],
+        4_000.5,
+        {"max_value": 4_000.0},
+    ),
+    (
+        "traces",
+        "expect_column_values_to_be_between",
+        "ts",
+        setter(ts={1: 999.0}),
+        None,
+        [1],
+        999.0,
+        {"min_value": 1_000.0},
+    ),
+    (
+        "traces",
+        "expect_column_values_to_be_between",
+        "prompt_tokens",
+        setter(prompt_tokens={2: -1}),
+        None,
+        [2],
+        -1,
+        {"min_value": 0},
+    ),
+    (
+        "traces",
+        "expect_column_values_to_be_between",
+        "completion_tokens",
+        setter(completion_tokens={0: -7}),
+        None,
+        [0],
+        -7,
+        {"min_value": 0},
+    ),
+    (
+        "traces",
+        "expect_column_values_to_be_between",
+        "tool_errors",
+        setter(tool_errors={2: -1}),
+        None,
+        [2],
+        -1,
+        {"min_value": 0},
+    ),
+    (
+        "traces",
+        "expect_column_pair_values_a_to_be_greater_than_b",
+        "tool_calls,tool_errors",
+        setter(tool_errors={0: 2}),
+        None,
+        [0],
+        [1, 2],
+        {"or_equal": True},
+    ),
+    (
+        "traces",
+        "expect_column_values_to_be_between",
+        "latency_ms",
+        setter(latency_ms={3: -0.5}),
+        None,
+        [3],
+        -0.5,
+        {"min_value": 0},
+    ),
+    (
+        "traces",
+        "expect_column_values_to_be_between",
+        "reward",
+        setter(reward={1: 1.01}),
+        None,
+        [1],
+        1.01,
+        {"min_value": 0, "max_value": 1},
+    ),
+    (
+        "traces",
+        "expect_column_values_to_be_between",
+        "n_user_messages",
+        setter(n_user_messages={3: 0}),
+        None,
+        [3],
+        0,
+        {"min_value": 1},
+    ),
+    (
+        "traces_window",
+        "expect_column_values_to_be_between",
+        "rows_read",
+        setter(rows_read={0: 0}),
+        None,
+        [0],
+        0,
+        {"min_value": 1},
+    ),
+    (
+        "traces_window",
+        "expect_column_values_to_be_between",
+        "rows_accepted",
+        setter(rows_accepted={0: 0}),
+        None,
+        [0],
+        0,
+        {"min_value": 1},
+    ),
+    (
+        "traces_window",
+        "expect_column_values_to_be_between",
+        "quarantined_share",
+        setter(quarantined_share={0: 0.25}),
+        None,
+        [0],
+        0.25,
+        {"max_value": 0.1},
+    ),
+    (
+        "traces_workloads",
+        "expect_column_distinct_values_to_contain_set",
+        "workload",
+        lambda df: df[df.workload != "convert"].reset_index(drop=True),
+        None,
+        None,
+        {"missing": ["convert"]},
+        {"value_set": ["calc", "convert", "lookup"]},
+    ),
+    (
+        "rollouts",
+        "expect_compound_columns_to_be_unique",
+        "task_index,rollout_index,policy_version",
+        setter(rollout_index={5: 0}),
+        None,
+        [4, 5],
+        {"task_index": 1, "rollout_index": 0, "policy_version": 7},
+        {},
+    ),
+    (
+        "rollouts",
+        "expect_column_values_to_be_between",
+        "task_index",
+        setter(task_index={7: -1}),
+        None,
+        [7],
+        -1,
+        {"min_value": 0},
+    ),
+    (
+        "rollouts",
+        "expect_column_values_to_be_between",
+        "rollout_index",
+        setter(rollout_index={11: G}),
+        None,
+        [11],
+        G,
+        {"min_value": 0, "max_value": G - 1},
+    ),
+    (
+        "rollouts",
+        "expect_column_values_to_be_between",
+        "policy_version",
+        setter(policy_version={2: -1}),
+        None,
+        [2],
+        -1,
+        {"min_value": 0},
+    ),
+    (
+        "rollouts",
+        "expect_column_values_to_be_between",
+        "reward",
+        setter(reward={6: 1.5}),
+        None,
+        [6],
+        1.5,
+        {"min_value": 0, "max_value": 1},
+    ),
+    (
+        "rollouts",
+        "expect_column_values_to_be_between",
+        "completion_tokens",
+        setter(completion_tokens={9: 0}),
+        None,
+        [9],
+        0,
+        {"min_value": 1},
+    ),
+    (
+        "rollouts",
+        "expect_column_values_to_be_between",
+        "max_logprob",
+        setter(max_logprob={3: 0.2}),
+        None,
+        [3],
+        0.2,
+        {"max_value": 0},
+    ),
+    (
+        "rollouts",
+        "expect_column_pair_values_to_be_equal",
+        "n_completion_ids,n_logprobs",
+        setter(n_logprobs={8: 3}),
+        None,
+        [8],
+        [7, 3],
+        {},
+    ),
+    (
+        "eval_results",
+        "expect_table_row_count_to_be_between",
+        "table",
+        lambda df: df,
+        set_params(min_tasks=5),
+        None,
+        4,
+        {"min_value": 5},
+    ),
+    (
+        "eval_results",
+        "expect_column_values_to_be_unique",
+        "task_id",
+        setter(task_id={3: "calc-1"}),
+        None,
+        [1, 3],
+        "calc-1",
+        {},
+    ),
     ("eval_results", "expect_column_values_to_not_be_null", "task_id", setter(task_id={2: None}), None, [2], NULL, {}),
-    ("eval_results", "expect_column_values_to_be_in_set", "greedy_success", setter(greedy_success={1: 0.5}), None,
-     [1], 0.5, {"value_set": [0.0, 1.0]}),
-    ("eval_results", "expect_column_values_to_not_be_null", "sampled_success", setter(sampled_success={3: np.nan}),
-     None, [3], NULL, {}),
-    ("eval_results", "expect_column_values_to_be_between", "sampled_success", setter(sampled_success={0: 1.25}),
-     None, [0], 1.25, {"min_value": 0, "max_value": 1}),
-    ("eval_results", "expect_column_values_to_be_between", "sampled_reward", setter(sampled_reward={1: -0.1}), None,
-     [1], -0.1, {"min_value": 0, "max_value": 1}),
-
-    ("production_tasks", "expect_table_row_count_to_be_between", "table", lambda df: df, set_params(min_tasks=5),
-     None, 4, {"min_value": 5}),
-    ("production_tasks", "expect_column_values_to_not_be_null", "task_id", setter(task_id={1: None}), None, [1], NULL,
-     {}),
-    ("production_tasks", "expect_column_values_to_be_unique", "task_id", setter(task_id={3: "p-1"}), None, [1, 3],
-     "p-1", {}),
-    ("production_tasks", "expect_column_values_to_not_be_null", "question", setter(question={2: None}), None, [2],
-     NULL, {}),
-    ("production_tasks", "expect_column_values_to_not_be_null", "expected", setter(expected={0: None}), None, [0],
-     NULL, {}),
-    ("production_tasks", "expect_column_value_lengths_to_be_between", "expected", setter(expected={3: ""}), None, [3],
-     "", {"min_value": 1}),
-    ("production_tasks", "expect_column_values_to_be_in_set", "family", setter(family={2: "sing"}), None, [2],
-     "sing", {"value_set": WORKLOADS}),
-    ("production_tasks", "expect_column_values_to_be_in_set", "split", setter(split={1: "test"}), None, [1], "test",
-     {"value_set": ["train", "eval"]}),
-    ("production_tasks", "expect_column_distinct_values_to_contain_set", "split",
-     setter(split={2: "train", 3: "train"}), None, None, {"missing": ["eval"]}, {"value_set": ["train", "eval"]}),
-    ("production_tasks", "expect_column_values_to_be_unique", "content", setter(content={3: '["calc",3,4,"add"]'}),
-     None, [0, 3], '["calc",3,4,"add"]', {}),
+    (
+        "eval_results",
+        "expect_column_values_to_be_in_set",
+        "greedy_success",
+        setter(greedy_success={1: 0.5}),
+        None,
+        [1],
+        0.5,
+        {"value_set": [0.0, 1.0]},
+    ),
+    (
+        "eval_results",
+        "expect_column_values_to_not_be_null",
+        "sampled_success",
+        setter(sampled_success={3: np.nan}),
+        None,
+        [3],
+        NULL,
+        {},
+    ),
+    (
+        "eval_results",
+        "expect_column_values_to_be_between",
+        "sampled_success",
+        setter(sampled_success={0: 1.25}),
+        None,
+        [0],
+        1.25,
+        {"min_value": 0, "max_value": 1},
+    ),
+    (
+        "eval_results",
+        "expect_column_values_to_be_between",
+        "sampled_reward",
+        setter(sampled_reward={1: -0.1}),
+        None,
+        [1],
+        -0.1,
+        {"min_value": 0, "max_value": 1},
+    ),
+    (
+        "production_tasks",
+        "expect_table_row_count_to_be_between",
+        "table",
+        lambda df: df,
+        set_params(min_tasks=5),
+        None,
+        4,
+        {"min_value": 5},
+    ),
+    (
+        "production_tasks",
+        "expect_column_values_to_not_be_null",
+        "task_id",
+        setter(task_id={1: None}),
+        None,
+        [1],
+        NULL,
+        {},
+    ),
+    (
+        "production_tasks",
+        "expect_column_values_to_be_unique",
+        "task_id",
+        setter(task_id={3: "p-1"}),
+        None,
+        [1, 3],
+        "p-1",
+        {},
+    ),
+    (
+        "production_tasks",
+        "expect_column_values_to_not_be_null",
+        "question",
+        setter(question={2: None}),
+        None,
+        [2],
+        NULL,
+        {},
+    ),
+    (
+        "production_tasks",
+        "expect_column_values_to_not_be_null",
+        "expected",
+        setter(expected={0: None}),
+        None,
+        [0],
+        NULL,
+        {},
+    ),
+    (
+        "production_tasks",
+        "expect_column_value_lengths_to_be_between",
+        "expected",
+        setter(expected={3: ""}),
+        None,
+        [3],
+        "",
+        {"min_value": 1},
+    ),
+    (
+        "production_tasks",
+        "expect_column_values_to_be_in_set",
+        "family",
+        setter(family={2: "sing"}),
+        None,
+        [2],
+        "sing",
+        {"value_set": WORKLOADS},
+    ),
+    (
+        "production_tasks",
+        "expect_column_values_to_be_in_set",
+        "split",
+        setter(split={1: "test"}),
+        None,
+        [1],
+        "test",
+        {"value_set": ["train", "eval"]},
+    ),
+    (
+        "production_tasks",
+        "expect_column_distinct_values_to_contain_set",
+        "split",
+        setter(split={2: "train", 3: "train"}),
+        None,
+        None,
+        {"missing": ["eval"]},
+        {"value_set": ["train", "eval"]},
+    ),
+    (
+        "production_tasks",
+        "expect_column_values_to_be_unique",
+        "content",
+        setter(content={3: '["calc",3,4,"add"]'}),
+        None,
+        [0, 3],
+        '["calc",3,4,"add"]',
+        {},
+    ),
 ]
-CASE_IDS = [f"{c[0]}-{c[1].removeprefix('expect_')}-{c[2]}-{'max' if 'max_value' in c[7] and 'min_value' not in c[7] else 'min' if 'min_value' in c[7] else ''}"
-            for c in CASES]
+CASE_IDS = [
+    f"{c[0]}-{c[1].removeprefix('expect_')}-{c[2]}-{'max' if 'max_value' in c[7] and 'min_value' not in c[7] else 'min' if 'min_value' in c[7] else ''}"
+    for c in CASES
+]
 
 
 def _key(expectation: dict) -> tuple:
     kw = expectation["kwargs"]
-    column = kw.get("column") or (f"{kw['column_A']},{kw['column_B']}" if "column_A" in kw else None) \
+    column = (
+        kw.get("column")
+        or (f"{kw['column_A']},{kw['column_B']}" if "column_A" in kw else None)
         or (",".join(kw["column_list"]) if "column_list" in kw else "table")
+    )
     bounds = tuple(sorted(k for k in ("min_value", "max_value") if k in kw))
     return expectation["type"], column, bounds
 
@@ -236,8 +561,11 @@ def test_a_good_frame_passes(validator, suite):
 
 
 def _reason(suite, expectation, column, threshold) -> str:
-    keys = [e for e in load_suite_spec(suite)["expectations"]
-            if _key(e) == (expectation, column, tuple(sorted(k for k in ("min_value", "max_value") if k in threshold)))]
+    keys = [
+        e
+        for e in load_suite_spec(suite)["expectations"]
+        if _key(e) == (expectation, column, tuple(sorted(k for k in ("min_value", "max_value") if k in threshold)))
+    ]
     [e] = keys
     return e["meta"]["reason"]
 
@@ -267,8 +595,9 @@ def test_each_expectation_fails_alone_with_its_reason_observed_value_threshold_a
     result = validator.validate(suite, frame, params)
     assert not result.success
     failed = [e for e in result.expectations if not e.success]
-    assert [(e.expectation, e.column or "table") for e in failed] == [(expectation, column)], \
-        [e.message for e in failed]
+    assert [(e.expectation, e.column or "table") for e in failed] == [(expectation, column)], [
+        e.message for e in failed
+    ]
     [e] = failed
     reason = _reason(suite, expectation, column, threshold)
     assert e.reason == reason
@@ -294,10 +623,20 @@ def test_each_expectation_fails_alone_with_its_reason_observed_value_threshold_a
     assert failure["message"] == e.message and failure["expectation"] == expectation
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if c[1] in ("expect_column_pair_values_a_to_be_greater_than_b",
-                                                                  "expect_column_pair_values_to_be_equal",
-                                                                  "expect_compound_columns_to_be_unique")],
-                         ids=lambda c: f"{c[0]}-{c[2]}")
+@pytest.mark.parametrize(
+    "case",
+    [
+        c
+        for c in CASES
+        if c[1]
+        in (
+            "expect_column_pair_values_a_to_be_greater_than_b",
+            "expect_column_pair_values_to_be_equal",
+            "expect_compound_columns_to_be_unique",
+        )
+    ],
+    ids=lambda c: f"{c[0]}-{c[2]}",
+)
 def test_a_failure_serialises_to_plain_json(validator, case):
     """BUG for the column-pair expectations: `_plain` (documented 'Numpy scalars and sets ->
     JSON-serialisable values') leaves the numpy scalars inside the observed pair, so
@@ -318,14 +657,17 @@ def test_a_row_failing_several_expectations_gets_every_reason(validator):
     frame.loc[0, "n_user_messages"] = 0
     result = validator.validate("traces", frame, params)
     assert result.failed_rows() == {2: "prompt_tokens < 0; reward outside [0, 1]", 0: "no user message"}
-    assert sorted(e.expectation for e in result.expectations if not e.success) == \
-        ["expect_column_values_to_be_between"] * 3
+    assert (
+        sorted(e.expectation for e in result.expectations if not e.success)
+        == ["expect_column_values_to_be_between"] * 3
+    )
     with pytest.raises(BatchValidationError) as info:
         result.raise_for_failure()
     assert len(info.value.failures) == 3 and str(info.value).count("; expect_") == 2
 
 
 # ---- parameters ----------------------------------------------------------------------------------------
+
 
 def _failed(validator, suite, frame, params) -> list[str]:
     return [e.message for e in validator.validate(suite, frame, params).expectations if not e.success]
@@ -335,7 +677,9 @@ def test_parameters_set_the_thresholds(validator):
     frame, _ = good("traces")
     assert _failed(validator, "traces", frame, {"window_start": 0.0, "future_limit": 4_000.0}) == []
     [msg] = _failed(validator, "traces", frame, {"window_start": 0.0, "future_limit": 3_500.0})
-    assert "expect_column_values_to_be_between(ts; max_value=3500.0): observed 4000.0 (timestamp is in the future)" == msg
+    assert (
+        "expect_column_values_to_be_between(ts; max_value=3500.0): observed 4000.0 (timestamp is in the future)" == msg
+    )
     [msg] = _failed(validator, "traces", frame, {"window_start": 1_500.0, "future_limit": 9e9})
     assert "(ts; min_value=1500.0): observed 1000.0 (timestamp is before the window)" in msg
 
@@ -376,6 +720,7 @@ def test_a_missing_parameter_is_an_error_naming_it(validator):
 
 # ---- data docs, unknown suites -----------------------------------------------------------------------
 
+
 def test_data_docs_are_written_when_a_docs_dir_is_given(tmp_path):
     docs = tmp_path / "docs"
     v = Validator(docs)
@@ -405,7 +750,9 @@ def test_no_docs_dir_writes_nothing(tmp_path, validator, monkeypatch):
 
 def test_unknown_suite_lists_the_known_ones(validator):
     known = ", ".join(sorted(SUITES))
-    with pytest.raises(FileNotFoundError, match=re.escape(f"no GX suite 'tracez' in {SUITE_DIR}; known suites: {known}")):
+    with pytest.raises(
+        FileNotFoundError, match=re.escape(f"no GX suite 'tracez' in {SUITE_DIR}; known suites: {known}")
+    ):
         validator.validate("tracez", window_frame())
     with pytest.raises(FileNotFoundError, match="known suites: eval_results, production_tasks, rollouts, traces"):
         load_suite_spec("nope")

@@ -1,4 +1,5 @@
 """Episodes on desk tasks (tasks/envs/base.py Episode, tasks/envs/desk.py)."""
+
 import json
 import random
 
@@ -48,14 +49,18 @@ def test_the_fixture_tasks_are_what_the_tests_assume():
 
 # ---------------------------------------------------------------- successful episodes
 
-@pytest.mark.parametrize("task, text", [
-    (V1[0], call("calculator", a=18, b=24, op="*")),
-    (V1[1], call("convert", value=55, from_unit="km", to_unit="m")),
-    (V1[2], call("lookup", city="kyoto", field="population")),
-    (V2[0], call("calculate", x="18", y="24", operator="*")),
-    (V2[1], call("convert_units", quantity=55, source="km", target="m")),
-    (V2[2], call("city_facts", name="kyoto", attribute="population")),
-])
+
+@pytest.mark.parametrize(
+    "task, text",
+    [
+        (V1[0], call("calculator", a=18, b=24, op="*")),
+        (V1[1], call("convert", value=55, from_unit="km", to_unit="m")),
+        (V1[2], call("lookup", city="kyoto", field="population")),
+        (V2[0], call("calculate", x="18", y="24", operator="*")),
+        (V2[1], call("convert_units", quantity=55, source="km", target="m")),
+        (V2[2], call("city_facts", name="kyoto", attribute="population")),
+    ],
+)
 def test_correct_call_then_correct_answer(task, text):
     ep = new_episode(task, TOK)
     turn(ep, text)
@@ -85,17 +90,18 @@ def test_loss_mask_is_one_exactly_on_completion_tokens():
     c2 = turn(ep, "1463723")
     assert len(ep.token_ids) == len(ep.loss_mask) == len(ep.logprobs)
     assert sum(ep.loss_mask) == len(c1) + len(c2) == ep.completion_tokens
-    assert ep.loss_mask[:n_prompt] == [0] * n_prompt        # system (the tools), user, <|assistant|>
+    assert ep.loss_mask[:n_prompt] == [0] * n_prompt  # system (the tools), user, <|assistant|>
     assert first_prompt[-1] == TOK.tokenizer.convert_tokens_to_ids("<|assistant|>")
-    assert ep.token_ids[:len(first_prompt)] == first_prompt
-    assert ep.token_ids[len(first_prompt):len(first_prompt) + len(c1)] == c1
+    assert ep.token_ids[: len(first_prompt)] == first_prompt
+    assert ep.token_ids[len(first_prompt) : len(first_prompt) + len(c1)] == c1
     masked_in = TOK.decode([t for t, m in zip(ep.token_ids, ep.loss_mask) if m])
     assert masked_in == call("lookup", city="kyoto", field="population") + EOS + "1463723" + EOS
     masked_out = TOK.decode([t for t, m in zip(ep.token_ids, ep.loss_mask) if not m])
     assert masked_out.endswith("<|assistant|><|tool|>1463723" + EOS + "<|assistant|>")
     assert "What is the population of Kyoto?" in masked_out
-    assert TOK.decode(ep.token_ids) == TOK.decode(first_prompt) + TOK.decode(c1) + "<|tool|>1463723" + EOS \
-        + "<|assistant|>" + TOK.decode(c2)
+    assert TOK.decode(ep.token_ids) == TOK.decode(first_prompt) + TOK.decode(
+        c1
+    ) + "<|tool|>1463723" + EOS + "<|assistant|>" + TOK.decode(c2)
     assert ep.template_mismatches == 0
 
 
@@ -103,7 +109,7 @@ def test_a_call_the_template_would_render_differently_is_counted_and_kept_as_gen
     ep = new_episode(V1[2], TOK)
     spaced = '<tool_call>{"name": "lookup", "arguments": {"city": "kyoto", "field": "population"}}</tool_call>'
     ids = turn(ep, spaced)
-    assert tool_message(ep) == "1463723"                       # parsed and answered all the same
+    assert tool_message(ep) == "1463723"  # parsed and answered all the same
     assert ep.template_mismatches == 1
     assert TOK.decode([t for t, m in zip(ep.token_ids, ep.loss_mask) if m]) == TOK.decode(ids)
     assert TOK.decode(ep.token_ids).endswith(spaced + EOS + "<|tool|>1463723" + EOS + "<|assistant|>")
@@ -118,6 +124,7 @@ def test_logprobs_land_on_completion_tokens():
 
 
 # ---------------------------------------------------------------- malformed outputs
+
 
 def test_broken_json_earns_an_error_and_partial_reward():
     ep = new_episode(V1[2], TOK)
@@ -144,13 +151,13 @@ def test_unknown_tool_lists_offered_tools():
 
 def test_v2_unknown_tool_lists_v2_names():
     ep = new_episode(V2[2], TOK)
-    turn(ep, call("lookup", city="kyoto", field="population"))   # the v1 name
+    turn(ep, call("lookup", city="kyoto", field="population"))  # the v1 name
     assert tool_message(ep) == "error: unknown tool 'lookup'; offered: city_facts"
 
 
 def test_wrong_argument_types():
     ep = new_episode(V2[0], TOK)
-    turn(ep, call("calculate", x=18, y=24, operator="*"))   # v2 operands are strings
+    turn(ep, call("calculate", x=18, y=24, operator="*"))  # v2 operands are strings
     assert tool_message(ep) == "error: argument 'x' must be string, got int"
     ep2 = new_episode(V1[0], TOK)
     turn(ep2, call("calculator", a=True, b=24, op="*"))
@@ -191,7 +198,7 @@ def test_endless_tool_calls_end_after_max_turns():
     assert ep.end_reason == "no final answer after 4 turns"
     s = ep.score()
     assert s["reason"] == "no final answer after 4 turns"
-    assert s["reward"] == pytest.approx(0.2) and not s["success"]   # format 1 + validity 1, no answer
+    assert s["reward"] == pytest.approx(0.2) and not s["success"]  # format 1 + validity 1, no answer
     with pytest.raises(RuntimeError, match="already done"):
         turn(ep, "23")
 
@@ -254,17 +261,19 @@ def test_two_calls_in_one_turn_give_two_tool_messages():
 def test_a_failing_tool_does_not_raise():
     def broken(name, arguments):
         raise ZeroDivisionError("boom")
+
     ep = Episode(V1[0], TOK, broken)
     turn(ep, call("calculator", a=1, b=2, op="+"))
     assert tool_message(ep) == "error: tool failed (ZeroDivisionError)"
-    assert ep.n_tool_errors == 1 and ep.n_valid_calls == 0   # a tool bug is not a valid call
+    assert ep.n_tool_errors == 1 and ep.n_valid_calls == 0  # a tool bug is not a valid call
 
 
 @pytest.mark.parametrize("value", ["NaN", "Infinity", "-Infinity", "1e308"])
 def test_non_finite_numbers_do_not_raise(value):
     ep = new_episode(V1[1], TOK)
-    turn(ep, '<tool_call>{"name":"convert","arguments":{"value":%s,"from_unit":"km","to_unit":"cm"}}</tool_call>'
-         % value)
+    turn(
+        ep, '<tool_call>{"name":"convert","arguments":{"value":%s,"from_unit":"km","to_unit":"cm"}}</tool_call>' % value
+    )
     assert not ep.done
     assert tool_message(ep).startswith("error: ")
     assert ep.n_tool_errors == 1
@@ -283,6 +292,7 @@ def test_prompt_injection_in_city_name_is_data():
 
 
 # ---------------------------------------------------------------- desk semantics: v1 lenient, v2 strict
+
 
 def test_v1_service_accepts_words_and_symbols():
     svc = make_service(ALL1[0])
@@ -310,21 +320,36 @@ def test_v1_service_errors():
         svc("lookup", {"city": "oslo", "field": "mayor"})
 
 
-@pytest.mark.parametrize("task, text, fix", [
-    (V2[0], call("calculate", x="18", y="24", operator="mul"),
-     "error: operator 'mul' is not supported; use one of + - *"),
-    (V2[3], call("calculate", x="49", y="62", operator="add"),
-     "error: operator 'add' is not supported; use one of + - *"),
-    (V2[1], call("convert_units", quantity=55, source="kilometers", target="m"),
-     "error: unknown unit 'kilometers'; units are symbols such as km, kg, min"),
-    (V2[5], call("city_facts", name="Oslo", attribute="elevation"),
-     "error: no city 'Oslo'; keys are lowercase, e.g. 'oslo'"),
-])
+@pytest.mark.parametrize(
+    "task, text, fix",
+    [
+        (
+            V2[0],
+            call("calculate", x="18", y="24", operator="mul"),
+            "error: operator 'mul' is not supported; use one of + - *",
+        ),
+        (
+            V2[3],
+            call("calculate", x="49", y="62", operator="add"),
+            "error: operator 'add' is not supported; use one of + - *",
+        ),
+        (
+            V2[1],
+            call("convert_units", quantity=55, source="kilometers", target="m"),
+            "error: unknown unit 'kilometers'; units are symbols such as km, kg, min",
+        ),
+        (
+            V2[5],
+            call("city_facts", name="Oslo", attribute="elevation"),
+            "error: no city 'Oslo'; keys are lowercase, e.g. 'oslo'",
+        ),
+    ],
+)
 def test_v2_strict_rejects_v1_formats_with_a_fix(task, text, fix):
     ep = new_episode(task, TOK)
     turn(ep, text)
     assert tool_message(ep) == fix
-    assert ep.n_tool_errors == 1 and ep.n_valid_calls == 0   # schema-valid, refused by the service: invalid
+    assert ep.n_tool_errors == 1 and ep.n_valid_calls == 0  # schema-valid, refused by the service: invalid
     assert not ep.done
 
 
@@ -345,7 +370,7 @@ def test_v2_strict_accepts_canonical_forms_and_retry_succeeds():
     assert svc("city_facts", {"name": "oslo", "attribute": "elevation"}) == "23"
     with pytest.raises(ToolError, match="'abc' is not an integer"):
         svc("calculate", {"x": "abc", "y": "3", "operator": "-"})
-    with pytest.raises(ToolError, match="no city 'atlantis'$"):   # no lowercase hint for an unknown city
+    with pytest.raises(ToolError, match="no city 'atlantis'$"):  # no lowercase hint for an unknown city
         svc("city_facts", {"name": "atlantis", "attribute": "elevation"})
 
 

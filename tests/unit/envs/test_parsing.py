@@ -1,16 +1,28 @@
 """Tool-call parsing by vLLM's parser (tasks/policy/chat.py) and schema checks (tasks/envs/base.py)."""
+
 import pytest
 
 from tasks.envs.base import check_arguments, normalise_answer
 from tasks.policy.chat import ChatFormat
 from tasks.policy.tokenizer import char_tokenizer
 
-TOOL = {"type": "function", "function": {
-    "name": "calc", "description": "Arithmetic. Long details here.",
-    "parameters": {"type": "object", "properties": {
-        "a": {"type": "integer"}, "b": {"type": "number"}, "op": {"type": "string", "enum": ["+", "-"]},
-        "flag": {"type": "boolean"}},
-        "required": ["a", "op"]}}}
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "calc",
+        "description": "Arithmetic. Long details here.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "a": {"type": "integer"},
+                "b": {"type": "number"},
+                "op": {"type": "string", "enum": ["+", "-"]},
+                "flag": {"type": "boolean"},
+            },
+            "required": ["a", "op"],
+        },
+    },
+}
 
 
 CHAT = ChatFormat(char_tokenizer())  # the default: vLLM's hermes parser
@@ -28,22 +40,29 @@ def test_one_valid_call():
 
 
 def test_two_calls_in_one_turn():
-    text = ('<tool_call>{"name":"calc","arguments":{"a":1,"op":"+"}}</tool_call>\n'
-            '<tool_call> {"name":"lookup","arguments":{"city":"oslo"}} </tool_call>')
+    text = (
+        '<tool_call>{"name":"calc","arguments":{"a":1,"op":"+"}}</tool_call>\n'
+        '<tool_call> {"name":"lookup","arguments":{"city":"oslo"}} </tool_call>'
+    )
     assert [(c.name, c.arguments, c.error) for c in parse(text).calls] == [
-        ("calc", {"a": 1, "op": "+"}, None), ("lookup", {"city": "oslo"}, None)]
+        ("calc", {"a": 1, "op": "+"}, None),
+        ("lookup", {"city": "oslo"}, None),
+    ]
 
 
-@pytest.mark.parametrize("text", [
-    '<tool_call>{"name": "calc", "arguments": {"a": 1,}</tool_call>',        # broken JSON
-    '<tool_call>{"name":"ping"}</tool_call>',                                # hermes needs "arguments"
-    '<tool_call>{"arguments": {}}</tool_call>',                              # no name
-    '<tool_call>["calc", {}]</tool_call>',
-    '<tool_call>{"name":"calc","arguments":{}}</tool_call><tool_call>{"name":',   # one bad block spoils the turn
-    "432</tool_call>",                                                       # a stray closing tag
-    '<tool_call>{"name":"calc","arguments":{"a":' + "9" * 4400 + "}}</tool_call>",   # int too long for json
-    "<tool_call>" + "[" * 5000 + "</tool_call>",                             # nested too deep
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        '<tool_call>{"name": "calc", "arguments": {"a": 1,}</tool_call>',  # broken JSON
+        '<tool_call>{"name":"ping"}</tool_call>',  # hermes needs "arguments"
+        '<tool_call>{"arguments": {}}</tool_call>',  # no name
+        '<tool_call>["calc", {}]</tool_call>',
+        '<tool_call>{"name":"calc","arguments":{}}</tool_call><tool_call>{"name":',  # one bad block spoils the turn
+        "432</tool_call>",  # a stray closing tag
+        '<tool_call>{"name":"calc","arguments":{"a":' + "9" * 4400 + "}}</tool_call>",  # int too long for json
+        "<tool_call>" + "[" * 5000 + "</tool_call>",  # nested too deep
+    ],
+)
 def test_malformed_calls_are_one_error_never_an_exception(text):
     turn = parse(text)
     assert turn.attempted
@@ -51,7 +70,7 @@ def test_malformed_calls_are_one_error_never_an_exception(text):
     assert c.name is None and c.error == "the hermes tool parser could not read the call"
 
 
-@pytest.mark.parametrize("args", ['[1, 2]', '"a=1"', '3'])
+@pytest.mark.parametrize("args", ["[1, 2]", '"a=1"', "3"])
 def test_arguments_not_an_object(args):
     (c,) = parse(f'<tool_call>{{"name": "calc", "arguments": {args}}}</tool_call>').calls
     assert c.name == "calc" and c.arguments is None
@@ -64,7 +83,7 @@ def test_an_unclosed_call_at_the_end_of_a_turn_is_read():
     assert (c.name, c.arguments, c.error) == ("calc", {"a": 1}, None)
 
 
-@pytest.mark.parametrize("text", ["", "42", "The answer is {\"name\": \"calc\"}.", "calc(a=1) </tool_call"])
+@pytest.mark.parametrize("text", ["", "42", 'The answer is {"name": "calc"}.', "calc(a=1) </tool_call"])
 def test_text_without_calls(text):
     turn = parse(text)
     assert not turn.attempted and turn.calls == [] and turn.content == text
@@ -72,10 +91,11 @@ def test_text_without_calls(text):
 
 # ---------------------------------------------------------------- check_arguments
 
+
 def test_valid_arguments():
     assert check_arguments(TOOL, {"a": 1, "op": "+"}) is None
     assert check_arguments(TOOL, {"a": -7, "b": 2.5, "op": "-", "flag": True}) is None
-    assert check_arguments(TOOL, {"a": 1, "b": 2, "op": "+"}) is None   # an integer is a number
+    assert check_arguments(TOOL, {"a": 1, "b": 2, "op": "+"}) is None  # an integer is a number
 
 
 def test_missing_required():
@@ -86,15 +106,18 @@ def test_unknown_argument():
     assert check_arguments(TOOL, {"a": 1, "op": "+", "c": 2}) == "unknown argument 'c'"
 
 
-@pytest.mark.parametrize("args, problem", [
-    ({"a": "1", "op": "+"}, "argument 'a' must be integer, got str"),
-    ({"a": True, "op": "+"}, "argument 'a' must be integer, got bool"),
-    ({"a": 1.0, "op": "+"}, "argument 'a' must be integer, got float"),
-    ({"a": 1, "b": False, "op": "+"}, "argument 'b' must be number, got bool"),
-    ({"a": 1, "b": "2", "op": "+"}, "argument 'b' must be number, got str"),
-    ({"a": 1, "op": 1}, "argument 'op' must be string, got int"),
-    ({"a": 1, "op": "+", "flag": 1}, "argument 'flag' must be boolean, got int"),
-])
+@pytest.mark.parametrize(
+    "args, problem",
+    [
+        ({"a": "1", "op": "+"}, "argument 'a' must be integer, got str"),
+        ({"a": True, "op": "+"}, "argument 'a' must be integer, got bool"),
+        ({"a": 1.0, "op": "+"}, "argument 'a' must be integer, got float"),
+        ({"a": 1, "b": False, "op": "+"}, "argument 'b' must be number, got bool"),
+        ({"a": 1, "b": "2", "op": "+"}, "argument 'b' must be number, got str"),
+        ({"a": 1, "op": 1}, "argument 'op' must be string, got int"),
+        ({"a": 1, "op": "+", "flag": 1}, "argument 'flag' must be boolean, got int"),
+    ],
+)
 def test_wrong_type(args, problem):
     assert check_arguments(TOOL, args) == problem
 

@@ -1,5 +1,6 @@
 """Environments as plugins (tasks/envs/__init__.py): found by entry point or module:factory, their own
 verifier, errors at settings load; the core names no environment."""
+
 import io
 import tokenize
 from pathlib import Path
@@ -19,10 +20,26 @@ ALLOWED = {("tasks/config_sections.py", "'desk'"), ("tasks/config_sections.py", 
 
 
 def _echo_tasks(n, seed, toolset=None, split=None):
-    tool = {"type": "function", "function": {"name": "echo", "description": "Returns its text.", "parameters": {
-        "type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}}}
-    return [Task(f"echo-{seed}-{i}", __name__ + ":echo_environment", "echo", f"Echo w{i}.", [tool], f"w{i}",
-                 {"word": f"w{i}"}) for i in range(n)]
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "echo",
+            "description": "Returns its text.",
+            "parameters": {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]},
+        },
+    }
+    return [
+        Task(
+            f"echo-{seed}-{i}",
+            __name__ + ":echo_environment",
+            "echo",
+            f"Echo w{i}.",
+            [tool],
+            f"w{i}",
+            {"word": f"w{i}"},
+        )
+        for i in range(n)
+    ]
 
 
 def _echo(name, arguments):
@@ -45,8 +62,9 @@ def test_an_environment_by_module_and_factory_runs_episodes_with_its_own_verifie
     assert env.name == "echo" and env.demonstration is None
     chat = default_chat()
     ep = new_episode(env.generate_tasks(1, 0)[0], chat)
-    ep.add_completion(chat.tokenizer.encode('<tool_call>{"name":"echo","arguments":{"text":"w0"}}</tool_call>')
-                      + [chat.eos_id])
+    ep.add_completion(
+        chat.tokenizer.encode('<tool_call>{"name":"echo","arguments":{"text":"w0"}}</tool_call>') + [chat.eos_id]
+    )
     assert ep.messages[-1]["content"] == "w0"
     ep.add_completion(chat.tokenizer.encode("w0") + [chat.eos_id])
     assert ep.score() == {"reward": 1.0, "components": {"said": 1.0}, "reason": "echo", "success": True}
@@ -57,11 +75,14 @@ def test_the_embedded_default_is_found_by_its_entry_point():
     assert env.name == "desk" and env.demonstration is not None and env.toolset_dir.is_dir()
 
 
-@pytest.mark.parametrize("name, says", [
-    ("nope", "no environment of that name"),
-    ("no_such_module:factory", "cannot load no_such_module:factory"),
-    ("tasks.envs:PYPROJECT", "gave PosixPath"),  # an attribute that is not an Environment
-])
+@pytest.mark.parametrize(
+    "name, says",
+    [
+        ("nope", "no environment of that name"),
+        ("no_such_module:factory", "cannot load no_such_module:factory"),
+        ("tasks.envs:PYPROJECT", "gave PosixPath"),  # an attribute that is not an Environment
+    ],
+)
 def test_an_environment_that_cannot_load_fails_at_settings_load_naming_what_to_fix(name, says):
     with pytest.raises(SettingsError, match=says) as err:
         load_settings(overrides={"env": {"name": name}})

@@ -1,5 +1,6 @@
 """Held-out means held out: eval and dev task content is disjoint from training content by construction
 (tasks/envs/desk.py split_of, generate_tasks(split=...), and the callers that draw eval and training tasks)."""
+
 import dataclasses
 import json
 from collections import Counter
@@ -29,8 +30,10 @@ def eval_contents(settings, tmp_path) -> set:
     rd, out = RunDir(tmp_path, "dag", "run"), set()
     for reg in TOOLSETS:
         build_tasks(settings, rd, reg)
-        written = [desk.Task.from_dict(json.loads(line))
-                   for line in (rd.path / "tasks" / f"eval_v{reg}.jsonl").read_text().splitlines()]
+        written = [
+            desk.Task.from_dict(json.loads(line))
+            for line in (rd.path / "tasks" / f"eval_v{reg}.jsonl").read_text().splitlines()
+        ]
         assert [t.to_dict() for t in written] == [t.to_dict() for t in eval_tasks(settings, reg)]
         assert len(written) == settings.eval.num_tasks
         out |= contents(written)
@@ -74,8 +77,12 @@ def test_lookup_pairs_cover_every_split_and_train_covers_every_city_and_field():
 
 
 def test_calc_and_convert_content_splits_near_the_nominal_shares():
-    calc = [[a, b, op] for op in OPS for a in range(2, 100 if op != "mul" else 41)
-            for b in range(2, 100 if op != "mul" else 41)]
+    calc = [
+        [a, b, op]
+        for op in OPS
+        for a in range(2, 100 if op != "mul" else 41)
+        for b in range(2, 100 if op != "mul" else 41)
+    ]
     convert = [[v, s, d] for s, d in CONVERSIONS for v in range(2, 61)]
     for family, values, tol in (("calc", calc, 0.02), ("convert", convert, 0.05)):
         share = Counter(split_of(family, v) for v in values)
@@ -135,6 +142,7 @@ def test_bootstrap_demonstrations_draw_training_content(monkeypatch):
     def recording(*args, **kwargs):
         drawn.extend(tasks := desk.generate_tasks(*args, **kwargs))
         return tasks
+
     monkeypatch.setattr(sft, "get_env", lambda name: dataclasses.replace(get_env(name), generate_tasks=recording))
     sft.demonstration_batch("desk", default_chat(), 12, seed=3, max_len=512)
     sft.demonstration_batch("desk", default_chat(), 12, seed=4, max_len=512, toolset=load_toolset("1"))

@@ -1,4 +1,5 @@
 """Bootstrap intervals (tasks/evals/intervals.py)."""
+
 import numpy as np
 import pytest
 
@@ -21,8 +22,8 @@ def test_mean_ci_is_deterministic_in_the_seed():
 
 
 def test_mean_ci_narrows_with_n():
-    small = mean_ci([0, 1] * 10, seed=0)     # n = 20
-    large = mean_ci([0, 1] * 500, seed=0)    # n = 1000
+    small = mean_ci([0, 1] * 10, seed=0)  # n = 20
+    large = mean_ci([0, 1] * 500, seed=0)  # n = 1000
     assert small["mean"] == large["mean"] == 0.5
     w_small, w_large = small["high"] - small["low"], large["high"] - large["low"]
     # the standard error shrinks as 1/sqrt(n): sqrt(1000/20) ~ 7 times narrower
@@ -31,8 +32,10 @@ def test_mean_ci_narrows_with_n():
 
 def test_mean_ci_wider_at_higher_confidence():
     values = [0, 1] * 30
-    assert (mean_ci(values, confidence=0.99)["high"] - mean_ci(values, confidence=0.99)["low"]
-            > mean_ci(values, confidence=0.8)["high"] - mean_ci(values, confidence=0.8)["low"])
+    assert (
+        mean_ci(values, confidence=0.99)["high"] - mean_ci(values, confidence=0.99)["low"]
+        > mean_ci(values, confidence=0.8)["high"] - mean_ci(values, confidence=0.8)["low"]
+    )
 
 
 def test_mean_ci_empty_raises():
@@ -51,7 +54,7 @@ def test_paired_identical_inputs_give_zero_interval():
 
 def test_paired_clear_improvement_excludes_zero():
     b = [0.0] * 100
-    a = [1.0, 0.0] * 50   # challenger solves half of the tasks the champion fails: +0.5
+    a = [1.0, 0.0] * 50  # challenger solves half of the tasks the champion fails: +0.5
     r = paired_bootstrap(a, b, seed=0)
     assert r["mean"] == pytest.approx(0.5)
     assert 0.3 < r["low"] < 0.5 < r["high"] < 0.7
@@ -69,7 +72,7 @@ def test_paired_clear_regression_excludes_zero_below():
 def test_paired_one_task_flipped_does_not_exclude_zero(n, diff):
     b = [1.0] * (n // 2) + [0.0] * (n - n // 2)
     a = list(b)
-    a[-1] = 1.0   # one task flipped from fail to success
+    a[-1] = 1.0  # one task flipped from fail to success
     r = paired_bootstrap(a, b, seed=0)
     assert r["mean"] == pytest.approx(diff)
     # a resample misses the flipped task with probability (1 - 1/n)^n ~ 0.37 > 0.025: low is 0
@@ -78,10 +81,10 @@ def test_paired_one_task_flipped_does_not_exclude_zero(n, diff):
 
 
 def test_paired_detects_small_shift_that_unpaired_intervals_miss():
-    a = np.random.default_rng(2).random(60)   # task difficulty varies widely
-    b = a - 0.02                                # challenger slightly worse on every task
+    a = np.random.default_rng(2).random(60)  # task difficulty varies widely
+    b = a - 0.02  # challenger slightly worse on every task
     ca, cb = mean_ci(a), mean_ci(b)
-    assert ca["low"] < cb["high"]               # unpaired intervals overlap heavily
+    assert ca["low"] < cb["high"]  # unpaired intervals overlap heavily
     r = paired_bootstrap(a, b)
     assert r["mean"] == pytest.approx(0.02)
     assert r["low"] > 0

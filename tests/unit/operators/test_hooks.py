@@ -6,6 +6,7 @@ of operators/ray_cluster.py and the one definition of a terminal Ray job status.
 Connections are given the way a deployment gives them, as AIRFLOW_CONN_<ID> variables (URI or JSON),
 and read through Airflow's own lookup (BaseHook.get_connection / aget_connection).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -48,8 +49,10 @@ def no_ray_conns(monkeypatch):
 # --------------------------------------------------------------------------------------------------
 # the hooks' connection attributes and provider info
 # --------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("hook_cls, conn_type, default", [(RayJobHook, "ray_jobs", "ray_jobs_default"),
-                                                          (KubeRayHook, "kuberay", "kuberay_default")])
+@pytest.mark.parametrize(
+    "hook_cls, conn_type, default",
+    [(RayJobHook, "ray_jobs", "ray_jobs_default"), (KubeRayHook, "kuberay", "kuberay_default")],
+)
 def test_hooks_declare_their_connection_like_a_provider(hook_cls, conn_type, default):
     assert (hook_cls.conn_type, hook_cls.default_conn_name, hook_cls.conn_name_attr) == (conn_type, default, "conn_id")
     assert hook_cls.hook_name
@@ -89,8 +92,10 @@ def test_uri_connection_gives_url_and_token(no_ray_conns):
 
 
 def test_json_connection_gives_url_and_token(no_ray_conns):
-    no_ray_conns.setenv("AIRFLOW_CONN_RAY_JOBS_DEFAULT", json.dumps(
-        {"conn_type": "ray_jobs", "host": "https://ray.example.com/", "extra": {"auth_token": TOKEN}}))
+    no_ray_conns.setenv(
+        "AIRFLOW_CONN_RAY_JOBS_DEFAULT",
+        json.dumps({"conn_type": "ray_jobs", "host": "https://ray.example.com/", "extra": {"auth_token": TOKEN}}),
+    )
     hook = RayJobHook.from_cluster({"env": {}})  # a cluster description without a dashboard: the connection's
     assert hook.dashboard_url == "https://ray.example.com"
     assert _bearer(hook) == f"Bearer {TOKEN}"
@@ -170,8 +175,12 @@ def test_an_inline_token_is_refused_before_submitting(no_ray_conns, monkeypatch)
         raise AssertionError("submitted despite an inline token")
 
     monkeypatch.setattr(RayJobHook, "submit", never)
-    op = RayJobOperator(task_id="train", entrypoint="true", runtime_env={},
-                        cluster={"dashboard_url": "http://h:8265", "env": {"RAY_AUTH_TOKEN": TOKEN}})
+    op = RayJobOperator(
+        task_id="train",
+        entrypoint="true",
+        runtime_env={},
+        cluster={"dashboard_url": "http://h:8265", "env": {"RAY_AUTH_TOKEN": TOKEN}},
+    )
     with pytest.raises(ValueError, match="metadata database"):
         op.execute({"ti": _TI()})
 
@@ -181,13 +190,33 @@ def test_an_inline_token_is_refused_before_submitting(no_ray_conns, monkeypatch)
 # --------------------------------------------------------------------------------------------------
 def test_kuberay_connection_extra_and_explicit_arguments(no_ray_conns, tmp_path):
     assert (KubeRayHook().namespace, KubeRayHook().cluster_domain) == ("default", "cluster.local")
-    no_ray_conns.setenv("AIRFLOW_CONN_KUBERAY_DEFAULT", json.dumps({"conn_type": "kuberay", "extra": {
-        "namespace": "evergreen", "context": "prod", "config_file": str(tmp_path / "kubeconfig"), "in_cluster": "false"}}))
+    no_ray_conns.setenv(
+        "AIRFLOW_CONN_KUBERAY_DEFAULT",
+        json.dumps(
+            {
+                "conn_type": "kuberay",
+                "extra": {
+                    "namespace": "evergreen",
+                    "context": "prod",
+                    "config_file": str(tmp_path / "kubeconfig"),
+                    "in_cluster": "false",
+                },
+            }
+        ),
+    )
     hook = KubeRayHook()
     assert (hook.namespace, hook.context, hook.config_file, hook.in_cluster) == (
-        "evergreen", "prod", str(tmp_path / "kubeconfig"), False)
+        "evergreen",
+        "prod",
+        str(tmp_path / "kubeconfig"),
+        False,
+    )
     explicit = KubeRayHook(namespace="other", context="dev")
-    assert (explicit.namespace, explicit.context, explicit.config_file) == ("other", "dev", str(tmp_path / "kubeconfig"))
+    assert (explicit.namespace, explicit.context, explicit.config_file) == (
+        "other",
+        "dev",
+        str(tmp_path / "kubeconfig"),
+    )
     assert KubeRayHook(conn_id=None).namespace == "default"
 
 
@@ -209,8 +238,9 @@ def test_each_backend_is_a_strategy_chosen_by_name():
 def test_setup_writes_cluster_json_and_teardown_leaves_an_existing_cluster(monkeypatch):
     import operators.stages as stages
 
-    settings = SimpleNamespace(ray=SimpleNamespace(backend="address", address="10.0.0.5:6379",
-                                                   dashboard_url="http://10.0.0.5:8265"))
+    settings = SimpleNamespace(
+        ray=SimpleNamespace(backend="address", address="10.0.0.5:6379", dashboard_url="http://10.0.0.5:8265")
+    )
     written = {}
     rd = SimpleNamespace(write=lambda obj, *parts: written.setdefault("/".join(parts), obj))
     monkeypatch.setattr(stages, "settings_for", lambda params: settings)
@@ -237,8 +267,12 @@ def test_job_ended_is_rays_own_definition():
 
 def test_no_source_file_keeps_its_own_set_of_terminal_statuses():
     status_set = re.compile(r'\{[^}\n]*"(SUCCEEDED|FAILED|STOPPED)"[^}\n]*"(SUCCEEDED|FAILED|STOPPED)"[^}\n]*\}')
-    offenders = [str(p.relative_to(ROOT)) for folder in ("hooks", "operators", "triggers", "tasks", "scripts", "plugins")
-                 for p in sorted((ROOT / folder).rglob("*.py")) if status_set.search(p.read_text())]
+    offenders = [
+        str(p.relative_to(ROOT))
+        for folder in ("hooks", "operators", "triggers", "tasks", "scripts", "plugins")
+        for p in sorted((ROOT / folder).rglob("*.py"))
+        if status_set.search(p.read_text())
+    ]
     assert offenders == [], f"use hooks.ray_jobs.job_ended (JobStatus.is_terminal) in {offenders}"
 
 
@@ -248,12 +282,27 @@ def test_s3_and_mlflow_credentials_come_from_connections(monkeypatch):
     for name in ("AIRFLOW_CONN_EVERGREEN_S3", "AIRFLOW_CONN_EVERGREEN_MLFLOW"):
         monkeypatch.delenv(name, raising=False)
     assert stage_credentials() == {}  # none defined: the ambient environment rules
-    monkeypatch.setenv("AIRFLOW_CONN_EVERGREEN_S3", json.dumps({
-        "conn_type": "aws", "login": "AKIDEXAMPLE", "password": "s3-secret",
-        "extra": {"endpoint_url": "http://127.0.0.1:9000", "region_name": "eu-west-1"}}))
-    monkeypatch.setenv("AIRFLOW_CONN_EVERGREEN_MLFLOW", json.dumps({
-        "conn_type": "http", "login": "evergreen", "password": "mlflow-secret"}))
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_EVERGREEN_S3",
+        json.dumps(
+            {
+                "conn_type": "aws",
+                "login": "AKIDEXAMPLE",
+                "password": "s3-secret",
+                "extra": {"endpoint_url": "http://127.0.0.1:9000", "region_name": "eu-west-1"},
+            }
+        ),
+    )
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_EVERGREEN_MLFLOW",
+        json.dumps({"conn_type": "http", "login": "evergreen", "password": "mlflow-secret"}),
+    )
     assert stage_credentials() == {
-        "AWS_ACCESS_KEY_ID": "AKIDEXAMPLE", "AWS_SECRET_ACCESS_KEY": "s3-secret", "AWS_DEFAULT_REGION": "eu-west-1",
-        "EVERGREEN_S3_ENDPOINT_URL": "http://127.0.0.1:9000", "AWS_ENDPOINT_URL": "http://127.0.0.1:9000",
-        "MLFLOW_TRACKING_USERNAME": "evergreen", "MLFLOW_TRACKING_PASSWORD": "mlflow-secret"}
+        "AWS_ACCESS_KEY_ID": "AKIDEXAMPLE",
+        "AWS_SECRET_ACCESS_KEY": "s3-secret",
+        "AWS_DEFAULT_REGION": "eu-west-1",
+        "EVERGREEN_S3_ENDPOINT_URL": "http://127.0.0.1:9000",
+        "AWS_ENDPOINT_URL": "http://127.0.0.1:9000",
+        "MLFLOW_TRACKING_USERNAME": "evergreen",
+        "MLFLOW_TRACKING_PASSWORD": "mlflow-secret",
+    }

@@ -11,6 +11,7 @@ client's (de)serialisation are real; what the fake cannot show is KubeRay itself
 the resource into pods): its state moves to "ready" after a set number of GETs, and a deleted cluster
 disappears after a set number more.
 """
+
 from __future__ import annotations
 
 import base64
@@ -55,17 +56,24 @@ class FakeKube:
         self.created = 0
         self.gets: dict[tuple[str, str], int] = {}
         self.requests: list[tuple[str, str, dict | None]] = []
-        self.gets_until_ready = 2          # GETs before status.state becomes "ready"
-        self.gets_until_gone = 1           # GETs after a DELETE before the object is gone
+        self.gets_until_ready = 2  # GETs before status.state becomes "ready"
+        self.gets_until_gone = 1  # GETs after a DELETE before the object is gone
         self.final_state = "ready"
-        self.forbid = False                # answer 403 to everything (missing RBAC)
+        self.forbid = False  # answer 403 to everything (missing RBAC)
         self.pods: list[dict] = []
         self.secrets: dict[tuple[str, str], dict] = {}
 
 
 def _status(code: int, reason: str, message: str) -> dict:
-    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": message,
-            "reason": reason, "code": code}
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    }
 
 
 def _handler(fake: FakeKube):
@@ -87,8 +95,15 @@ def _handler(fake: FakeKube):
             body = json.loads(self.rfile.read(length)) if length else None
             fake.requests.append((method, self.path, body))
             if fake.forbid:
-                return self._send(403, _status(403, "Forbidden", 'rayclusters.ray.io is forbidden: User '
-                                                  '"system:serviceaccount:airflow:default" cannot create resource'))
+                return self._send(
+                    403,
+                    _status(
+                        403,
+                        "Forbidden",
+                        "rayclusters.ray.io is forbidden: User "
+                        '"system:serviceaccount:airflow:default" cannot create resource',
+                    ),
+                )
             if m := _CLUSTER.match(url.path):
                 return self._cluster(method, m.group(1), m.group(2), body)
             if (m := _PODS.match(url.path)) and method == "GET":
@@ -107,11 +122,14 @@ def _handler(fake: FakeKube):
             if method == "POST" and name is None:
                 key = (ns, body["metadata"]["name"])
                 if key in fake.clusters:
-                    return self._send(409, _status(409, "AlreadyExists", f'rayclusters.ray.io "{key[1]}" already exists'))
+                    return self._send(
+                        409, _status(409, "AlreadyExists", f'rayclusters.ray.io "{key[1]}" already exists')
+                    )
                 obj = json.loads(json.dumps(body))
                 fake.created += 1
-                obj["metadata"].update(uid=f"uid-{fake.created}", resourceVersion="1",
-                                       creationTimestamp="2026-12-02T00:00:00Z")
+                obj["metadata"].update(
+                    uid=f"uid-{fake.created}", resourceVersion="1", creationTimestamp="2026-12-02T00:00:00Z"
+                )
                 fake.clusters[key], fake.gets[key] = obj, 0
                 return self._send(201, obj)
             key = (ns, name)
@@ -126,9 +144,13 @@ def _handler(fake: FakeKube):
                         del fake.clusters[key]
                         return self._send(404, _status(404, "NotFound", f'rayclusters.ray.io "{name}" not found'))
                 elif fake.gets[key] >= fake.gets_until_ready:
-                    obj["status"] = {"state": fake.final_state, "reason": "" if fake.final_state == "ready" else "boom",
-                                     "readyWorkerReplicas": 1, "desiredWorkerReplicas": 1,
-                                     "head": {"serviceName": f"{name}-head-svc", "podIP": "10.0.0.5"}}
+                    obj["status"] = {
+                        "state": fake.final_state,
+                        "reason": "" if fake.final_state == "ready" else "boom",
+                        "readyWorkerReplicas": 1,
+                        "desiredWorkerReplicas": 1,
+                        "head": {"serviceName": f"{name}-head-svc", "podIP": "10.0.0.5"},
+                    }
                 else:
                     obj["status"] = {"desiredWorkerReplicas": 1, "readyWorkerReplicas": 0}
                 return self._send(200, {k: v for k, v in obj.items() if not k.startswith("_")})
@@ -224,7 +246,9 @@ def test_render_without_run_key_labels_with_the_name_and_group_images_override()
         manifest(group_images={"tpu": "x"})
 
 
-@pytest.mark.parametrize("run_key", ["a/b:c+d", "x" * 200, "::--::", "", "dag/manual__2026-12-02T10:11:12.123456+00:00"])
+@pytest.mark.parametrize(
+    "run_key", ["a/b:c+d", "x" * 200, "::--::", "", "dag/manual__2026-12-02T10:11:12.123456+00:00"]
+)
 def test_label_value_is_always_a_valid_label(run_key):
     value = label_value(run_key)
     assert len(value) <= 63 and re.fullmatch(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?", value) and value
@@ -237,10 +261,16 @@ def test_label_value_keeps_long_keys_apart():
     assert label_value("plain-key_1.0") == "plain-key_1.0"  # valid values pass unchanged
 
 
-@pytest.mark.parametrize("name, fragment", [
-    ("Evergreen", "DNS-1035"), ("1-evergreen", "starting with a letter"), ("ever_green", "DNS-1035"),
-    ("e" * 54, "at most 53"), ("evergreen-", "DNS-1035"),
-])
+@pytest.mark.parametrize(
+    "name, fragment",
+    [
+        ("Evergreen", "DNS-1035"),
+        ("1-evergreen", "starting with a letter"),
+        ("ever_green", "DNS-1035"),
+        ("e" * 54, "at most 53"),
+        ("evergreen-", "DNS-1035"),
+    ],
+)
 def test_invalid_names_are_rejected_with_the_field_and_fix(name, fragment):
     with pytest.raises(KubeRayManifestError) as err:
         manifest(name=name)
@@ -254,16 +284,26 @@ def test_invalid_namespace_and_a_53_character_name():
 
 
 def test_overrides_merge_by_group_name_delete_with_none_and_lose_to_explicit_args():
-    m = manifest(image="img:1", overrides={
-        "metadata": {"name": "ignored", "annotations": {"owner": "rl-team"}},
-        "spec": {"authOptions": None, "workerGroupSpecs": {"gpu": {"maxReplicas": 4}},
-                 "headGroupSpec": {"rayStartParams": {"num-cpus": "1"}}},
-    })
-    assert m["metadata"]["name"] == "evergreen-test-1a2b3c4d"          # the explicit name wins
+    m = manifest(
+        image="img:1",
+        overrides={
+            "metadata": {"name": "ignored", "annotations": {"owner": "rl-team"}},
+            "spec": {
+                "authOptions": None,
+                "workerGroupSpecs": {"gpu": {"maxReplicas": 4}},
+                "headGroupSpec": {"rayStartParams": {"num-cpus": "1"}},
+            },
+        },
+    )
+    assert m["metadata"]["name"] == "evergreen-test-1a2b3c4d"  # the explicit name wins
     assert m["metadata"]["annotations"] == {"owner": "rl-team"}
     assert "authOptions" not in m["spec"]
     gpu = next(g for g in m["spec"]["workerGroupSpecs"] if g["groupName"] == "gpu")
-    assert gpu["maxReplicas"] == 4 and gpu["minReplicas"] == 0 and gpu["template"]["spec"]["containers"][0]["image"] == "img:1"
+    assert (
+        gpu["maxReplicas"] == 4
+        and gpu["minReplicas"] == 0
+        and gpu["template"]["spec"]["containers"][0]["image"] == "img:1"
+    )
     assert m["spec"]["headGroupSpec"]["rayStartParams"] == {"dashboard-host": "0.0.0.0", "num-cpus": "1"}
 
 
@@ -279,10 +319,21 @@ def test_overrides_errors_name_the_field_and_the_fix():
 
 
 def test_lists_replace_and_missing_resources_are_caught():
-    groups = [{"groupName": "cpu", "replicas": 1, "minReplicas": 1, "maxReplicas": 1, "rayStartParams": {},
-               "template": {"spec": {"containers": [{"name": "ray-worker", "image": "x"}]}}}]
-    with pytest.raises(KubeRayManifestError, match=r"workerGroupSpecs\[0\]\.template\.spec\.containers\[0\]\.resources"
-                                                   r"\.limits: no cpu or memory"):
+    groups = [
+        {
+            "groupName": "cpu",
+            "replicas": 1,
+            "minReplicas": 1,
+            "maxReplicas": 1,
+            "rayStartParams": {},
+            "template": {"spec": {"containers": [{"name": "ray-worker", "image": "x"}]}},
+        }
+    ]
+    with pytest.raises(
+        KubeRayManifestError,
+        match=r"workerGroupSpecs\[0\]\.template\.spec\.containers\[0\]\.resources"
+        r"\.limits: no cpu or memory",
+    ):
         manifest(overrides={"spec": {"workerGroupSpecs": groups}})
     groups[0]["template"]["spec"]["containers"][0]["resources"] = {"limits": {"cpu": "1", "memory": "1Gi"}}
     m = manifest(overrides={"spec": {"workerGroupSpecs": groups}})
@@ -290,13 +341,23 @@ def test_lists_replace_and_missing_resources_are_caught():
 
 
 def test_every_problem_is_listed_at_once():
-    errors = validate_raycluster({"apiVersion": "ray.io/v1alpha1", "kind": "RayCluster",
-                                  "metadata": {"name": "Bad", "namespace": "ns", "labels": {"k": "a b"}},
-                                  "spec": {"headGroupSpec": {"rayStartParams": {"block": True},
-                                                             "template": {"spec": {"containers": []}}}}})
+    errors = validate_raycluster(
+        {
+            "apiVersion": "ray.io/v1alpha1",
+            "kind": "RayCluster",
+            "metadata": {"name": "Bad", "namespace": "ns", "labels": {"k": "a b"}},
+            "spec": {"headGroupSpec": {"rayStartParams": {"block": True}, "template": {"spec": {"containers": []}}}},
+        }
+    )
     text = "\n".join(errors)
-    for fragment in ("apiVersion", "metadata.name", "label k='a b'", "spec.rayVersion",
-                     "headGroupSpec.rayStartParams.block", "headGroupSpec.template.spec.containers"):
+    for fragment in (
+        "apiVersion",
+        "metadata.name",
+        "label k='a b'",
+        "spec.rayVersion",
+        "headGroupSpec.rayStartParams.block",
+        "headGroupSpec.template.spec.containers",
+    ):
         assert fragment in text, (fragment, text)
 
 
@@ -312,10 +373,17 @@ def test_template_problems_name_the_file(tmp_path):
 
 def test_import_does_no_work():
     # DAG parsing imports operators; the kubernetes client must only load when a hook is used
-    code = ("import sys, hooks.kuberay, hooks.kuberay_manifest, operators.ray_cluster; "
-            "print('kubernetes' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60,
-                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    code = (
+        "import sys, hooks.kuberay, hooks.kuberay_manifest, operators.ray_cluster; print('kubernetes' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
 
@@ -346,25 +414,46 @@ def test_create_and_wait_returns_the_endpoints(hook, fake, monkeypatch):
     cluster = hook.create_and_wait(m, timeout=10, poll=0.01)
     name = "evergreen-test-1a2b3c4d"
     host = f"{name}-head-svc.{NS}.svc.cluster.local"
-    assert cluster == {"backend": "kuberay", "name": name, "namespace": NS, "address": f"{host}:6379",
-                       "dashboard_url": f"http://{host}:8265"}
+    assert cluster == {
+        "backend": "kuberay",
+        "name": name,
+        "namespace": NS,
+        "address": f"{host}:6379",
+        "dashboard_url": f"http://{host}:8265",
+    }
     method, path, body = fake.requests[0]
     assert (method, path) == ("POST", f"/apis/ray.io/v1/namespaces/{NS}/rayclusters")
-    assert body == m                                     # the manifest goes out as rendered
-    assert fake.gets[(NS, name)] == 3                    # polled until the state turned ready
+    assert body == m  # the manifest goes out as rendered
+    assert fake.gets[(NS, name)] == 3  # polled until the state turned ready
     assert any("state=(none yet), workers ready 0/1" in line for line in log.lines), log.lines
     assert any("ready after" in line for line in log.lines), log.lines
 
 
 def test_wait_ready_timeout_says_what_to_check(hook, fake):
     fake.gets_until_ready = 10**6
-    fake.pods = [{"apiVersion": "v1", "kind": "Pod",
-                  "metadata": {"name": "evergreen-test-1a2b3c4d-gpu-worker-x7k2p", "namespace": NS,
-                               "labels": {"ray.io/cluster": "evergreen-test-1a2b3c4d"}},
-                  "spec": {"containers": [{"name": "ray-worker", "image": "evergreen:gpu"}]},
-                  "status": {"phase": "Pending", "conditions": [
-                      {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-                       "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."}]}}]
+    fake.pods = [
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": "evergreen-test-1a2b3c4d-gpu-worker-x7k2p",
+                "namespace": NS,
+                "labels": {"ray.io/cluster": "evergreen-test-1a2b3c4d"},
+            },
+            "spec": {"containers": [{"name": "ray-worker", "image": "evergreen:gpu"}]},
+            "status": {
+                "phase": "Pending",
+                "conditions": [
+                    {
+                        "type": "PodScheduled",
+                        "status": "False",
+                        "reason": "Unschedulable",
+                        "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu.",
+                    }
+                ],
+            },
+        }
+    ]
     hook.create_cluster(manifest())
     with pytest.raises(KubeRayTimeout) as err:
         hook.wait_ready("evergreen-test-1a2b3c4d", timeout=0.2, poll=0.02)
@@ -394,8 +483,8 @@ def test_delete_is_idempotent_and_waits_until_gone(hook, fake):
     assert (NS, "evergreen-test-1a2b3c4d") not in fake.clusters
     method, path, _ = [r for r in fake.requests if r[0] == "DELETE"][0]
     assert path.startswith(f"/apis/ray.io/v1/namespaces/{NS}/rayclusters/evergreen-test-1a2b3c4d")
-    assert "propagationPolicy=Foreground" in path         # pods go before the resource does
-    assert hook.delete_cluster("evergreen-test-1a2b3c4d") is False   # 404: nothing to delete, no error
+    assert "propagationPolicy=Foreground" in path  # pods go before the resource does
+    assert hook.delete_cluster("evergreen-test-1a2b3c4d") is False  # 404: nothing to delete, no error
 
 
 def test_delete_timeout_points_at_finalizers(hook, fake):
@@ -408,7 +497,7 @@ def test_delete_timeout_points_at_finalizers(hook, fake):
 
 def test_create_reuses_an_existing_cluster_and_waits_out_one_being_deleted(hook, fake):
     first = hook.create_cluster(manifest())
-    again = hook.create_cluster(manifest())            # a retried setup task
+    again = hook.create_cluster(manifest())  # a retried setup task
     assert again["metadata"]["uid"] == first["metadata"]["uid"]
     hook.delete_cluster("evergreen-test-1a2b3c4d", wait=False)
     fake.gets_until_gone = 2
@@ -430,12 +519,21 @@ def test_namespace_mismatch_is_caught_before_the_call(hook, fake):
 
 
 def test_head_endpoints_follow_a_custom_service_name_and_ports(hook, fake):
-    m = manifest(overrides={"spec": {"headGroupSpec": {
-        "headService": {"metadata": {"name": "eg-head"}},
-        "rayStartParams": {"port": "6380", "dashboard-port": "8266"}}}})
+    m = manifest(
+        overrides={
+            "spec": {
+                "headGroupSpec": {
+                    "headService": {"metadata": {"name": "eg-head"}},
+                    "rayStartParams": {"port": "6380", "dashboard-port": "8266"},
+                }
+            }
+        }
+    )
     hook.create_cluster(m)
     assert hook.head_endpoints("evergreen-test-1a2b3c4d") == {
-        "address": f"eg-head.{NS}.svc.cluster.local:6380", "dashboard_url": f"http://eg-head.{NS}.svc.cluster.local:8266"}
+        "address": f"eg-head.{NS}.svc.cluster.local:6380",
+        "dashboard_url": f"http://eg-head.{NS}.svc.cluster.local:8266",
+    }
     with pytest.raises(KubeRayError, match="does not exist"):
         hook.head_endpoints("evergreen-missing")
 
@@ -445,8 +543,11 @@ def test_auth_token_reads_the_secret_named_after_the_cluster(hook, fake):
     with pytest.raises(KubeRayError, match="v1.5.1"):
         hook.auth_token("evergreen-test-1a2b3c4d")
     fake.secrets[(NS, "evergreen-test-1a2b3c4d")] = {
-        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "evergreen-test-1a2b3c4d", "namespace": NS},
-        "data": {"auth_token": base64.b64encode(b"s3cr3t-token").decode()}}
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": "evergreen-test-1a2b3c4d", "namespace": NS},
+        "data": {"auth_token": base64.b64encode(b"s3cr3t-token").decode()},
+    }
     assert hook.auth_token("evergreen-test-1a2b3c4d") == "s3cr3t-token"
     hook.create_cluster(manifest(name="evergreen-noauth", overrides={"spec": {"authOptions": None}}))
     assert hook.auth_token("evergreen-noauth") is None
@@ -456,7 +557,7 @@ def test_an_unreachable_api_server_names_the_fix():
     from kubernetes import client
 
     cfg = client.Configuration()
-    cfg.host = "http://127.0.0.1:9"          # discard port: nothing listens
+    cfg.host = "http://127.0.0.1:9"  # discard port: nothing listens
     cfg.retries = False
     with pytest.raises(KubeRayError, match=r"cannot reach the Kubernetes API at http://127\.0\.0\.1:9"):
         KubeRayHook(namespace=NS, client_configuration=cfg).get_cluster("evergreen-x")
@@ -472,12 +573,18 @@ def test_no_config_names_the_fix(tmp_path):
 def test_kubeconfig_file_and_context_are_used(tmp_path, server, fake):
     httpd, _ = server
     kubeconfig = {
-        "apiVersion": "v1", "kind": "Config", "current-context": "other",
-        "clusters": [{"name": "fake", "cluster": {"server": f"http://127.0.0.1:{httpd.server_address[1]}"}},
-                     {"name": "nowhere", "cluster": {"server": "http://127.0.0.1:9"}}],
+        "apiVersion": "v1",
+        "kind": "Config",
+        "current-context": "other",
+        "clusters": [
+            {"name": "fake", "cluster": {"server": f"http://127.0.0.1:{httpd.server_address[1]}"}},
+            {"name": "nowhere", "cluster": {"server": "http://127.0.0.1:9"}},
+        ],
         "users": [{"name": "u", "user": {"token": "t"}}],
-        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "u"}},
-                     {"name": "other", "context": {"cluster": "nowhere", "user": "u"}}],
+        "contexts": [
+            {"name": "fake", "context": {"cluster": "fake", "user": "u"}},
+            {"name": "other", "context": {"cluster": "nowhere", "user": "u"}},
+        ],
     }
     path = tmp_path / "kubeconfig"
     path.write_text(yaml.safe_dump(kubeconfig))

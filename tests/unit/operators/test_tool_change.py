@@ -1,4 +1,5 @@
 """triggers/tool_change.py: the live watch on the served tools, and how its event reaches the run."""
+
 import asyncio
 import json
 import shutil
@@ -51,15 +52,31 @@ def test_fires_once_per_breaking_toolset_and_again_after_the_tools_came_back(tmp
     assert rounds[2] == [] and rounds[3] == []  # an outage of the source is survived; the same tools: no repeat
     assert rounds[4] == []  # back to compatible tools clears the state ...
     assert len(rounds[5]) == 1  # ... so the next break fires again
-    assert json.loads(json.dumps(trigger.serialize()[1])) == {"source": str(served), "baseline": "1", "env": "desk",
-                                                              "poll_interval": 0.1}
+    assert json.loads(json.dumps(trigger.serialize()[1])) == {
+        "source": str(served),
+        "baseline": "1",
+        "env": "desk",
+        "poll_interval": 0.1,
+    }
 
 
 def test_a_run_started_by_a_tool_change_trains_for_the_watched_tools_unless_a_param_says_otherwise(monkeypatch):
     from tasks.config import SettingsError
 
-    trigger = {"asset_events": [{"extra": {"from_trigger": True, "payload": {
-        "kind": "tool_change", "source": str(TOOLS / "registry_v2.json"), "summary": "tool change: ..."}}}]}
+    trigger = {
+        "asset_events": [
+            {
+                "extra": {
+                    "from_trigger": True,
+                    "payload": {
+                        "kind": "tool_change",
+                        "source": str(TOOLS / "registry_v2.json"),
+                        "summary": "tool change: ...",
+                    },
+                }
+            }
+        ]
+    }
     with pytest.raises(SettingsError, match="EVERGREEN_TOOL_SOURCE"):  # a source this deployment does not watch
         settings_for({}, trigger)
     monkeypatch.setenv("EVERGREEN_TOOL_SOURCE", str(TOOLS / "registry_v2.json"))

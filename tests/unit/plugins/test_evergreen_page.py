@@ -7,6 +7,7 @@ text reads as markupsafe writes it (&#39; for ', &#34; for "). Two tests start a
 clean sys.modules, their own AIRFLOW_HOME): importing the plugin does no work and pulls in no heavy
 library; airflow.plugins_manager loads it.
 """
+
 from __future__ import annotations
 
 import json
@@ -40,32 +41,78 @@ def _cmp(champ: dict, chall: dict, diff: dict) -> dict:
 def _summary(run_id: str, started: str, status: str, **extra) -> dict:
     champ, chall = 0.41, 0.78 if status == "promoted" else 0.44
     s = {
-        "dag_id": "continuous_post_training", "run_id": run_id, "run_dir": f"/runs/{run_id}", "started_at": started,
-        "finished_at": started.replace("T03:", "T04:"), "status": status,
-        "trigger": {"kind": "asset", "asset_events": [{"uri": "evergreen://signals/retrain_request",
-                                                       "extra": {"reasons": ["success dropped on desk"]}}]},
-        "signals": {"retrain": True, "reasons": ["tool registry changed"], "summary": "drift on desk",
-                    "window": "2026-12-02",
-                    "drift": [{"workload": "desk", "statistic": "success_rate", "effect": -0.31,
-                               "p_adjusted": 1e-9, "significant": True}],
-                    "tooldiff": {"breaking": 3, "changes": ["get_weather: temperature now in kelvin"]}},
-        "target_toolset": "2", "guard_toolsets": ["1"],
-        "greedy": {"2": _cmp(_iv(champ), _iv(chall), _iv(chall - champ, 0.04)),
-                   "1": _cmp(_iv(0.9), _iv(0.88), _iv(-0.02, 0.03))},
+        "dag_id": "continuous_post_training",
+        "run_id": run_id,
+        "run_dir": f"/runs/{run_id}",
+        "started_at": started,
+        "finished_at": started.replace("T03:", "T04:"),
+        "status": status,
+        "trigger": {
+            "kind": "asset",
+            "asset_events": [
+                {"uri": "evergreen://signals/retrain_request", "extra": {"reasons": ["success dropped on desk"]}}
+            ],
+        },
+        "signals": {
+            "retrain": True,
+            "reasons": ["tool registry changed"],
+            "summary": "drift on desk",
+            "window": "2026-12-02",
+            "drift": [
+                {
+                    "workload": "desk",
+                    "statistic": "success_rate",
+                    "effect": -0.31,
+                    "p_adjusted": 1e-9,
+                    "significant": True,
+                }
+            ],
+            "tooldiff": {"breaking": 3, "changes": ["get_weather: temperature now in kelvin"]},
+        },
+        "target_toolset": "2",
+        "guard_toolsets": ["1"],
+        "greedy": {
+            "2": _cmp(_iv(champ), _iv(chall), _iv(chall - champ, 0.04)),
+            "1": _cmp(_iv(0.9), _iv(0.88), _iv(-0.02, 0.03)),
+        },
         "sampled": {"2": _cmp(_iv(0.36), _iv(0.70), _iv(0.34))},
         "promotion": {
-            "decision": {"promote": status == "promoted", "summary": f"gate says {status}",
-                         "reasons": [f"target gain {100 * (chall - champ):.1f} pts"],
-                         "checks": [{"name": "target_gain", "passed": status == "promoted", "observed": chall - champ - 0.04,
-                                     "threshold": 0.05, "unit": "fraction", "reason": "lower bound vs min_gain"}]},
-            "cost": {"run_usd": 0.046, "total_usd": 0.069, "success_gain_points": 100 * (chall - champ),
-                     "usd_per_success_point": 0.0012, "stages": [{"stage": "grpo", "wall_s": 301.0, "usd": 0.03}]},
-            "version": "3", "aliases": {"champion": "3", "previous": "2"}, "model_name": "evergreen-agent"},
-        "champion_version": "2", "challenger_version": "3",
-        "links": {"mlflow_run": "http://127.0.0.1:5000/#/experiments/1/runs/abc",
-                  "ray_dashboard": "http://127.0.0.1:8265", "ray_job_id": "raysubmit_42",
-                  "airflow_run": f"http://127.0.0.1:8080/dags/continuous_post_training/runs/{run_id}"},
-        "timings": {"grpo": 301.0}, "wall_s": 512.0,
+            "decision": {
+                "promote": status == "promoted",
+                "summary": f"gate says {status}",
+                "reasons": [f"target gain {100 * (chall - champ):.1f} pts"],
+                "checks": [
+                    {
+                        "name": "target_gain",
+                        "passed": status == "promoted",
+                        "observed": chall - champ - 0.04,
+                        "threshold": 0.05,
+                        "unit": "fraction",
+                        "reason": "lower bound vs min_gain",
+                    }
+                ],
+            },
+            "cost": {
+                "run_usd": 0.046,
+                "total_usd": 0.069,
+                "success_gain_points": 100 * (chall - champ),
+                "usd_per_success_point": 0.0012,
+                "stages": [{"stage": "grpo", "wall_s": 301.0, "usd": 0.03}],
+            },
+            "version": "3",
+            "aliases": {"champion": "3", "previous": "2"},
+            "model_name": "evergreen-agent",
+        },
+        "champion_version": "2",
+        "challenger_version": "3",
+        "links": {
+            "mlflow_run": "http://127.0.0.1:5000/#/experiments/1/runs/abc",
+            "ray_dashboard": "http://127.0.0.1:8265",
+            "ray_job_id": "raysubmit_42",
+            "airflow_run": f"http://127.0.0.1:8080/dags/continuous_post_training/runs/{run_id}",
+        },
+        "timings": {"grpo": 301.0},
+        "wall_s": 512.0,
     }
     s.update(extra)
     return s
@@ -91,13 +138,31 @@ def client(root) -> TestClient:
 @pytest.fixture
 def four_runs(root) -> Path:
     """Oldest to newest: not promoted, skipped, promoted (with a <script> in a reason); plus a broken file."""
-    _write(root, "scheduled_1", _summary("scheduled__2026-12-01T03:00:00+00:00", "2026-12-01T03:00:00+00:00",
-                                         "not_promoted", trigger={"kind": "schedule"}))
-    _write(root, "rest_2", {"dag_id": "continuous_post_training", "run_id": "manual__2026-12-01T09:00:00+00:00",
-                            "run_dir": "/runs/rest_2", "target_toolset": "2", "status": "skipped",
-                            "started_at": "2026-12-01T09:00:00+00:00", "finished_at": "2026-12-01T09:01:00+00:00",
-                            "skip_reason": "no significant drift and no breaking tool change",
-                            "trigger": {"kind": "rest", "params": {"force": False}}})
+    _write(
+        root,
+        "scheduled_1",
+        _summary(
+            "scheduled__2026-12-01T03:00:00+00:00",
+            "2026-12-01T03:00:00+00:00",
+            "not_promoted",
+            trigger={"kind": "schedule"},
+        ),
+    )
+    _write(
+        root,
+        "rest_2",
+        {
+            "dag_id": "continuous_post_training",
+            "run_id": "manual__2026-12-01T09:00:00+00:00",
+            "run_dir": "/runs/rest_2",
+            "target_toolset": "2",
+            "status": "skipped",
+            "started_at": "2026-12-01T09:00:00+00:00",
+            "finished_at": "2026-12-01T09:01:00+00:00",
+            "skip_reason": "no significant drift and no breaking tool change",
+            "trigger": {"kind": "rest", "params": {"force": False}},
+        },
+    )
     promoted = _summary("asset_triggered__2026-12-02T03:00:00+00:00", "2026-12-02T03:00:00+00:00", "promoted")
     promoted["promotion"]["decision"]["reasons"].append(XSS)
     _write(root, "asset_3", promoted)
@@ -126,8 +191,11 @@ def test_empty_state(client):
 def test_newest_run_first_with_its_decision(client, four_runs):
     text = client.get("/").text
     order = [m for m in re.findall(r'<article class="run [^"]*" id="run-\d+" data-run-id="([^"]+)"', text)]
-    assert order == ["asset_triggered__2026-12-02T03:00:00+00:00", "manual__2026-12-01T09:00:00+00:00",
-                     "scheduled__2026-12-01T03:00:00+00:00"]
+    assert order == [
+        "asset_triggered__2026-12-02T03:00:00+00:00",
+        "manual__2026-12-01T09:00:00+00:00",
+        "scheduled__2026-12-01T03:00:00+00:00",
+    ]
     last = re.search(r'<section id="last-decision".*?</section>', text, re.S).group(0)
     assert 'data-status="promoted"' in last and '<strong class="verdict">PROMOTED</strong>' in last
     assert "champion v2 → challenger v3" in last
@@ -140,7 +208,7 @@ def test_not_promoted_shows_reasons_and_failed_check(client, four_runs):
     assert '<span class="badge not_promoted">not promoted</span>' in card
     assert "<li>target gain 3.0 pts</li>" in card and "<li>get_weather: temperature now in kelvin</li>" in card
     assert '<tr class="fail"><td>target_gain</td><td>✗</td><td>-0.01</td><td>0.05</td><td>fraction</td>' in card
-    assert "Trigger: <strong class=\"trigger-kind\">schedule</strong> (the nightly schedule)" in card
+    assert 'Trigger: <strong class="trigger-kind">schedule</strong> (the nightly schedule)' in card
     assert "Tool registry diff: breaking changes: <strong>3</strong>" in card
     assert '<tr class="sig"><td>desk</td><td>success_rate</td><td>-0.31</td><td>1e-09</td><td>yes</td></tr>' in card
 
@@ -157,8 +225,11 @@ def test_skipped_run_says_why_and_shows_dashes(client, four_runs):
 def test_intervals_for_target_and_guard(client, four_runs):
     card = re.search(r'<article class="run promoted".*?</article>', client.get("/").text, re.S).group(0)
     target = re.search(r'<tr class="target greedy" data-registry="2".*?</tr>', card, re.S).group(0)
-    for cell in ('41.0% <span class="ci">[36.0, 46.0]</span>', '78.0% <span class="ci">[73.0, 83.0]</span>',
-                 '+37.0 pts <span class="ci">[+33.0, +41.0]</span>'):
+    for cell in (
+        '41.0% <span class="ci">[36.0, 46.0]</span>',
+        '78.0% <span class="ci">[73.0, 83.0]</span>',
+        '+37.0 pts <span class="ci">[+33.0, +41.0]</span>',
+    ):
         assert cell in target, cell
     guard = re.search(r'<tr class="guard greedy" data-registry="1".*?</tr>', card, re.S).group(0)
     assert '-2.0 pts <span class="ci">[-5.0, +1.0]</span>' in guard
@@ -170,12 +241,24 @@ def test_links(client, four_runs, root):
     assert '<a href="http://127.0.0.1:5000/#/experiments/1/runs/abc" rel="noopener noreferrer">' in card
     assert '<a href="http://127.0.0.1:8265" rel="noopener noreferrer">' in card
     assert '<code class="ray-job-id">raysubmit_42</code>' in card
-    assert ('href="http://127.0.0.1:8080/dags/continuous_post_training/runs/'
-            'asset_triggered__2026-12-02T03:00:00+00:00"') in card
+    assert (
+        'href="http://127.0.0.1:8080/dags/continuous_post_training/runs/asset_triggered__2026-12-02T03:00:00+00:00"'
+    ) in card
     # a path on the Airflow server is a link; javascript: and another site's //host are text only
-    _write(root, "evil", _summary("evil", "2026-12-03T03:00:00+00:00", "failed",
-                                  links={"mlflow_run": "javascript:alert(1)", "ray_dashboard": "//evil.example/x",
-                                         "airflow_run": "/dags/continuous_post_training/runs/evil"}))
+    _write(
+        root,
+        "evil",
+        _summary(
+            "evil",
+            "2026-12-03T03:00:00+00:00",
+            "failed",
+            links={
+                "mlflow_run": "javascript:alert(1)",
+                "ray_dashboard": "//evil.example/x",
+                "airflow_run": "/dags/continuous_post_training/runs/evil",
+            },
+        ),
+    )
     text = client.get("/").text
     assert 'href="javascript:' not in text and "<code>javascript:alert(1)</code>" in text
     assert 'href="//' not in text and "<code>//evil.example/x</code>" in text
@@ -197,9 +280,15 @@ def test_svg_charts(client, four_runs):
 
 def test_every_summary_string_is_escaped(client, four_runs, root):
     """Autoescaped templates: a <script> in any string, typed field or free-form dict, reaches the page as text."""
-    hostile = _summary('x"><img src=x onerror=alert(1)>', "2026-12-04T03:00:00+00:00", "skipped", skip_reason=XSS,
-                       champion_version=XSS, timings={XSS: 1.0},
-                       trigger={"kind": XSS, "asset_events": [{"uri": XSS, "extra": {XSS: XSS}}]})
+    hostile = _summary(
+        'x"><img src=x onerror=alert(1)>',
+        "2026-12-04T03:00:00+00:00",
+        "skipped",
+        skip_reason=XSS,
+        champion_version=XSS,
+        timings={XSS: 1.0},
+        trigger={"kind": XSS, "asset_events": [{"uri": XSS, "extra": {XSS: XSS}}]},
+    )
     hostile["signals"]["tooldiff"]["changes"] = [XSS]
     hostile["promotion"]["decision"]["checks"][0]["name"] = XSS
     _write(root, "hostile", hostile)
@@ -217,8 +306,12 @@ def test_every_summary_string_is_escaped(client, four_runs, root):
     assert "html.escape" not in (PLUGINS / "evergreen_page.py").read_text()  # no hand escaping left
 
 
-REQUIRED = {"dag_id": "continuous_post_training", "run_dir": "/runs/x", "finished_at": "2026-12-03T04:00:00+00:00",
-            "target_toolset": "2"}
+REQUIRED = {
+    "dag_id": "continuous_post_training",
+    "run_dir": "/runs/x",
+    "finished_at": "2026-12-03T04:00:00+00:00",
+    "target_toolset": "2",
+}
 
 
 def test_unreadable_summaries_are_rows_not_a_crash(client, four_runs, root):
@@ -226,8 +319,18 @@ def test_unreadable_summaries_are_rows_not_a_crash(client, four_runs, root):
     _write(root, "a_list", [1, 2])
     _write(root, "empty_id", {**REQUIRED, "run_id": "", "status": "failed"})
     # valid JSON with every required key, but not a RunSummary
-    _write(root, "bad_types", {**REQUIRED, "run_id": "bad-types", "status": "exploded", "greedy": "not a dict",
-                               "trigger": None, "timings": {"grpo": "slow"}})
+    _write(
+        root,
+        "bad_types",
+        {
+            **REQUIRED,
+            "run_id": "bad-types",
+            "status": "exploded",
+            "greedy": "not a dict",
+            "trigger": None,
+            "timings": {"grpo": "slow"},
+        },
+    )
     r = client.get("/")
     assert r.status_code == 200 and 'data-run-id="bad-types"' not in r.text
     assert len(re.findall(r'<article class="run ', r.text)) == 3  # the readable runs are all still there
@@ -242,11 +345,14 @@ def test_unreadable_summaries_are_rows_not_a_crash(client, four_runs, root):
 
 
 def test_minimal_summary_renders_with_dashes(client, root):
-    _write(root, "min", {**REQUIRED, "run_id": "only-required", "status": "failed",
-                         "promotion": {"cost": {"run_usd": "cheap"}}})
+    _write(
+        root,
+        "min",
+        {**REQUIRED, "run_id": "only-required", "status": "failed", "promotion": {"cost": {"run_usd": "cheap"}}},
+    )
     text = client.get("/").text
     assert '<strong class="verdict">failed</strong>' in text
-    assert "Trigger: <strong class=\"trigger-kind\">—</strong>" in text
+    assert 'Trigger: <strong class="trigger-kind">—</strong>' in text
     assert "<h3>Success</h3><p>no evaluation</p>" in text and '<dd class="run-usd">—</dd>' in text
     assert "no priced runs yet" in text and "no evaluated runs yet" in text and "None" not in text
 
@@ -254,7 +360,11 @@ def test_minimal_summary_renders_with_dashes(client, root):
 def test_json_endpoint(client, four_runs):
     data = client.get("/api/runs").json()
     assert data["dag_id"] == "continuous_post_training" and data["runs_root"] == str(four_runs.resolve())
-    assert data["count"] == 3 and [r["summary"]["status"] for r in data["runs"]] == ["promoted", "skipped", "not_promoted"]
+    assert data["count"] == 3 and [r["summary"]["status"] for r in data["runs"]] == [
+        "promoted",
+        "skipped",
+        "not_promoted",
+    ]
     newest = data["runs"][0]
     assert newest["run_dir"] == "asset_3" and newest["gain_per_dollar"] == pytest.approx(100 * 0.37 / 0.069)
     assert newest["summary"]["promotion"]["decision"]["reasons"][-1] == XSS  # JSON is data: unescaped, typed
@@ -274,8 +384,16 @@ def test_nan_and_deep_nesting_do_not_break_the_json(client, root):
 
 def test_drift_verdicts_and_breaking_flag_as_the_pipeline_writes_them(client, root):
     s = _summary("real", "2026-12-03T03:00:00+00:00", "failed", greedy=None, sampled=None, promotion=None)
-    s["signals"]["drift"] = [{"workload": "calc", "statistic": "turns", "effect": None, "p_adjusted": None,
-                              "significant": None, "verdict": "insufficient_data"}]
+    s["signals"]["drift"] = [
+        {
+            "workload": "calc",
+            "statistic": "turns",
+            "effect": None,
+            "p_adjusted": None,
+            "significant": None,
+            "verdict": "insufficient_data",
+        }
+    ]
     s["signals"]["tooldiff"]["breaking"] = True
     _write(root, "real", s)
     text = client.get("/").text
@@ -303,6 +421,7 @@ def test_auth_hook_guards_page_and_api_not_health(root):
     def refusing(status: int, detail: str):
         async def auth(request):
             raise HTTPException(status_code=status, detail=detail)
+
         return auth
 
     deny, forbid = refusing(401, "Not authenticated"), refusing(403, "Invalid JWT token")
@@ -321,39 +440,51 @@ def test_auth_hook_guards_page_and_api_not_health(root):
 
 
 def _run(code: str, tmp_path: Path) -> dict:
-    env = {**os.environ, "AIRFLOW_HOME": str(tmp_path / "airflow"), "PYTHONPATH": str(REPO),
-           "AIRFLOW__CORE__PLUGINS_FOLDER": str(PLUGINS), "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-           "AIRFLOW__CORE__UNIT_TEST_MODE": "False"}
-    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True,
-                         timeout=180)
+    env = {
+        **os.environ,
+        "AIRFLOW_HOME": str(tmp_path / "airflow"),
+        "PYTHONPATH": str(REPO),
+        "AIRFLOW__CORE__PLUGINS_FOLDER": str(PLUGINS),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=180
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def test_plugin_import_is_light(tmp_path):
-    got = _run("import sys, json\n"
-               "import plugins.evergreen_plugin as m\n"
-               "app = m.EvergreenPlugin.fastapi_apps[0]['app']\n"
-               "heavy = [n for n in ('torch', 'ray', 'mlflow', 'great_expectations', 'vllm', 'transformers', "
-               "'tasks') if n in sys.modules]\n"
-               "env_built = sys.modules[m.create_airflow_app.__module__].environment.cache_info().currsize\n"
-               "print(json.dumps({'heavy': heavy, 'env_built': env_built,\n"
-               "                  'routes': sorted(r.path for r in app.routes)}))", tmp_path)
+    got = _run(
+        "import sys, json\n"
+        "import plugins.evergreen_plugin as m\n"
+        "app = m.EvergreenPlugin.fastapi_apps[0]['app']\n"
+        "heavy = [n for n in ('torch', 'ray', 'mlflow', 'great_expectations', 'vllm', 'transformers', "
+        "'tasks') if n in sys.modules]\n"
+        "env_built = sys.modules[m.create_airflow_app.__module__].environment.cache_info().currsize\n"
+        "print(json.dumps({'heavy': heavy, 'env_built': env_built,\n"
+        "                  'routes': sorted(r.path for r in app.routes)}))",
+        tmp_path,
+    )
     assert got["heavy"] == [] and got["env_built"] == 0  # no work at import: templates load on the first page
     assert got["routes"] == ["/", "/api/runs", "/health", "/icon.svg", "/static"]
 
 
 def test_airflow_plugins_manager_loads_the_plugin(tmp_path):
-    got = _run("import json\n"
-               "from airflow import plugins_manager as pm\n"
-               "from airflow.api_fastapi.core_api.datamodels.plugins import PluginResponse\n"
-               "plugins, errors = pm._get_plugins()\n"
-               "apps, _ = pm.get_fastapi_plugins()\n"
-               "views, _ = pm._get_ui_plugins()\n"
-               "info = [PluginResponse.model_validate(p).model_dump(mode='json') for p in pm.get_plugin_info()]\n"
-               "print(json.dumps({'names': [p.name for p in plugins], 'errors': errors,\n"
-               "  'apps': [(a['name'], a['url_prefix'], type(a['app']).__name__) for a in apps],\n"
-               "  'views': views, 'info_views': [v for p in info for v in p['external_views']]}))", tmp_path)
+    got = _run(
+        "import json\n"
+        "from airflow import plugins_manager as pm\n"
+        "from airflow.api_fastapi.core_api.datamodels.plugins import PluginResponse\n"
+        "plugins, errors = pm._get_plugins()\n"
+        "apps, _ = pm.get_fastapi_plugins()\n"
+        "views, _ = pm._get_ui_plugins()\n"
+        "info = [PluginResponse.model_validate(p).model_dump(mode='json') for p in pm.get_plugin_info()]\n"
+        "print(json.dumps({'names': [p.name for p in plugins], 'errors': errors,\n"
+        "  'apps': [(a['name'], a['url_prefix'], type(a['app']).__name__) for a in apps],\n"
+        "  'views': views, 'info_views': [v for p in info for v in p['external_views']]}))",
+        tmp_path,
+    )
     assert got["errors"] == {}
     assert "evergreen" in got["names"]
     assert ["Evergreen", "/evergreen", "FastAPI"] in got["apps"]
@@ -369,13 +500,41 @@ def test_training_figures_from_the_grpo_metrics(client, root, tmp_path):
     from tasks.rl.metrics import metrics_digest
 
     metrics = tmp_path / "metrics.jsonl"
-    metrics.write_text("".join(json.dumps(m) + "\n" for m in [
-        {"step": 1, "reward_mean": 0.4, "success_rate": 0.3, "kl": 0.0, "kl_tokens": 100, "ratio_mean": 1.0,
-         "pg_tokens": 50, "engine_logp_gap_mean": 1e-4, "engine_logp_gap_max": 2e-3, "engine_k3": 1e-8,
-         "engine_tokens": 60, "trained_tokens": 100},
-        {"step": 2, "reward_mean": 0.6, "success_rate": 0.5, "kl": 0.03, "kl_tokens": 300, "ratio_mean": 1.0,
-         "pg_tokens": 150, "engine_logp_gap_mean": 3e-4, "engine_logp_gap_max": 1e-3, "engine_k3": 3e-8,
-         "engine_tokens": 180, "trained_tokens": 300}]))
+    metrics.write_text(
+        "".join(
+            json.dumps(m) + "\n"
+            for m in [
+                {
+                    "step": 1,
+                    "reward_mean": 0.4,
+                    "success_rate": 0.3,
+                    "kl": 0.0,
+                    "kl_tokens": 100,
+                    "ratio_mean": 1.0,
+                    "pg_tokens": 50,
+                    "engine_logp_gap_mean": 1e-4,
+                    "engine_logp_gap_max": 2e-3,
+                    "engine_k3": 1e-8,
+                    "engine_tokens": 60,
+                    "trained_tokens": 100,
+                },
+                {
+                    "step": 2,
+                    "reward_mean": 0.6,
+                    "success_rate": 0.5,
+                    "kl": 0.03,
+                    "kl_tokens": 300,
+                    "ratio_mean": 1.0,
+                    "pg_tokens": 150,
+                    "engine_logp_gap_mean": 3e-4,
+                    "engine_logp_gap_max": 1e-3,
+                    "engine_k3": 3e-8,
+                    "engine_tokens": 180,
+                    "trained_tokens": 300,
+                },
+            ]
+        )
+    )
     digest = metrics_digest(metrics)
     assert digest["steps"] == 2 and digest["kl"] == pytest.approx(0.0225)  # (0 * 100 + 0.03 * 300) / 400
     assert digest["engine_logp_gap_mean"] == pytest.approx(2.5e-4) and digest["engine_logp_gap_max"] == 2e-3
@@ -398,7 +557,6 @@ def test_stylesheet_is_served_and_linked(client, four_runs):
     assert icon.headers["content-type"].startswith("image/svg+xml") and ET.fromstring(icon.text) is not None
 
 
-
 def test_each_run_shows_the_one_text_summary(client, four_runs, root):
     """The page, the summarize log and `make demo` print a run through the same formatter."""
     import html
@@ -414,8 +572,16 @@ def test_each_run_shows_the_one_text_summary(client, four_runs, root):
 
 
 def test_the_settings_a_runs_params_changed_are_shown(client, root):
-    _write(root, "tuned_1", _summary("manual__2026-12-03T09:00:00+00:00", "2026-12-03T09:00:00+00:00", "promoted",
-                                     overrides={"grpo.steps": 3, "promotion.min_gain": 0.2}))
+    _write(
+        root,
+        "tuned_1",
+        _summary(
+            "manual__2026-12-03T09:00:00+00:00",
+            "2026-12-03T09:00:00+00:00",
+            "promoted",
+            overrides={"grpo.steps": 3, "promotion.min_gain": 0.2},
+        ),
+    )
     card = re.search(r'<article class="run promoted".*?</article>', client.get("/").text, re.S).group(0)
     assert "Settings changed by this run's params:" in card
     assert "<code>grpo.steps=3</code>" in card and "<code>promotion.min_gain=0.2</code>" in card

@@ -1,5 +1,6 @@
 """Chat formats (tasks/policy/chat.py): token-in, token-out episodes on every template shipped or built in tests,
 and the one-line refusals of a model directory the loop cannot run."""
+
 import json
 import random
 
@@ -15,13 +16,17 @@ from tests.families import QWEN_TEMPLATE, environment_text, qwen_tokenizer
 THINK_STRIPPING = default_template().replace(
     '<|assistant|>{{ message.content if message.content is string else "" }}',
     '<|assistant|>{{ (message.content if message.content is string else "").split("</think>")[-1] '
-    'if not loop.last else message.content }}')
+    "if not loop.last else message.content }}",
+)
 
 
 @pytest.fixture(scope="module", params=["default-char", "default-bpe", "qwen2.5-style"])
 def chat(request):
-    tok = {"default-char": char_tokenizer, "default-bpe": lambda: bpe_tokenizer(environment_text(), 500),
-           "qwen2.5-style": qwen_tokenizer}[request.param]()
+    tok = {
+        "default-char": char_tokenizer,
+        "default-bpe": lambda: bpe_tokenizer(environment_text(), 500),
+        "qwen2.5-style": qwen_tokenizer,
+    }[request.param]()
     return ChatFormat(tok)
 
 
@@ -37,8 +42,8 @@ def test_running_ids_are_the_templates_rendering_of_the_whole_conversation(chat)
     for i, task in enumerate(tasks):
         ep = _played(chat, task, seed=i)
         whole = chat.render(ep.messages, ep.tools, generation_prompt=False)
-        assert whole[:len(ep.token_ids)] == ep.token_ids, task.task_id
-        assert chat.decode(whole[len(ep.token_ids):]).strip() == ""     # at most the template's newline after EOS
+        assert whole[: len(ep.token_ids)] == ep.token_ids, task.task_id
+        assert chat.decode(whole[len(ep.token_ids) :]).strip() == ""  # at most the template's newline after EOS
         assert ep.template_mismatches == 0
         # the policy's own tokens are exactly its turns: the call and the answer, each ending on the stop token
         own = [t for t, m in zip(ep.token_ids, ep.loss_mask) if m]
@@ -46,23 +51,35 @@ def test_running_ids_are_the_templates_rendering_of_the_whole_conversation(chat)
 
 
 def test_a_second_tool_turn_extends_the_same_ids(chat):
-    task = toolset_tasks("2", 9, 5)[1]   # 55 km to m, strict v2 service
+    task = toolset_tasks("2", 9, 5)[1]  # 55 km to m, strict v2 service
     ep = new_episode(task, chat, max_len=1024)
-    bad = {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function", "function": {
-        "name": "convert_units", "arguments": {"quantity": 55, "source": "kilometers", "target": "m"}}}]}
+    bad = {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {
+                "id": "c1",
+                "type": "function",
+                "function": {
+                    "name": "convert_units",
+                    "arguments": {"quantity": 55, "source": "kilometers", "target": "m"},
+                },
+            }
+        ],
+    }
     ep.add_message(bad)
     assert ep.messages[-1]["content"].startswith("error: unknown unit 'kilometers'")
     for message in demonstration(task, random.Random(0)):
         message = json.loads(json.dumps(message).replace('"kilometers"', '"km"').replace('"meters"', '"m"'))
         ep.add_message(message)
     assert ep.done and ep.score()["success"], ep.score()
-    assert chat.render(ep.messages, ep.tools, False)[:len(ep.token_ids)] == ep.token_ids
+    assert chat.render(ep.messages, ep.tools, False)[: len(ep.token_ids)] == ep.token_ids
     assert ep.template_mismatches == 0
 
 
 def test_a_template_that_rewrites_earlier_turns_is_counted_and_training_keeps_the_generated_ids():
     chat = ChatFormat(char_tokenizer(THINK_STRIPPING))
-    task = toolset_tasks("1", 9, 5)[2]   # population of Kyoto
+    task = toolset_tasks("1", 9, 5)[2]  # population of Kyoto
     ep = new_episode(task, chat)
     thought = '<think>kyoto is a city</think><tool_call>{"name":"lookup","arguments":{"city":"kyoto","field":"population"}}</tool_call>'
     generated = chat.encode(thought) + [chat.eos_id]
@@ -71,7 +88,7 @@ def test_a_template_that_rewrites_earlier_turns_is_counted_and_training_keeps_th
     ep.add_completion(chat.encode("1463723") + [chat.eos_id])
     assert ep.score()["success"]
     own = [t for t, m in zip(ep.token_ids, ep.loss_mask) if m]
-    assert own[:len(generated)] == generated and "<think>kyoto" in chat.decode(ep.token_ids)
+    assert own[: len(generated)] == generated and "<think>kyoto" in chat.decode(ep.token_ids)
 
 
 def test_qwen_style_calls_are_read_by_hermes():
@@ -81,11 +98,13 @@ def test_qwen_style_calls_are_read_by_hermes():
     ep = new_episode(task, chat)
     ep.add_completion(chat.encode(text) + [chat.eos_id])
     assert ep.messages[-1]["content"] == "432" and ep.template_mismatches == 0
-    assert chat.decode(ep.token_ids).endswith("<|im_end|>\n<|im_start|>user\n<tool_response>\n432\n</tool_response>"
-                                              "<|im_end|>\n<|im_start|>assistant\n")
+    assert chat.decode(ep.token_ids).endswith(
+        "<|im_end|>\n<|im_start|>user\n<tool_response>\n432\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    )
 
 
 # ---------------------------------------------------------------- bad input: one line naming the field
+
 
 def _saved(tmp_path, tok):
     tok.save_pretrained(tmp_path)
@@ -130,6 +149,7 @@ def test_qwen_template_passes_the_checks(tmp_path):
 
 
 # ---------------------------------------------------------------- what the engines can run
+
 
 def test_an_architecture_vllm_does_not_run_and_a_cpu_head_size_it_lacks():
     from tasks.policy.model import check_engine_support

@@ -1,5 +1,6 @@
 """LoRA helpers (tasks/policy/lora.py) and the grpo.lora settings: the adapter starts as the identity, its
 state round-trips through a checkpoint directory, the reference is the base, bad settings are refused."""
+
 import json
 
 import pytest

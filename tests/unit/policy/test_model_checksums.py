@@ -1,4 +1,5 @@
 """Saved models carry checksums.json; load_model refuses a file whose bytes changed."""
+
 from __future__ import annotations
 
 import json

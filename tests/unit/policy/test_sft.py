@@ -1,4 +1,5 @@
 """The bootstrap's SFT step (tasks/policy/sft.py): length-sorted micro-batches, the learning-rate schedule."""
+
 import copy
 
 import pytest
@@ -34,7 +35,8 @@ def test_more_micro_batches_than_samples_is_one_sample_each():
     model, tok = build_model(ModelSettings(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64))
     batch = demonstration_batch("desk", tok, 3, seed=4, max_len=512)
     assert demonstration_backward(model, batch, tok.pad_id, micro_batches=10) == pytest.approx(
-        demonstration_loss(copy.deepcopy(model), batch, tok.pad_id).item(), rel=1e-5)
+        demonstration_loss(copy.deepcopy(model), batch, tok.pad_id).item(), rel=1e-5
+    )
 
 
 def test_lr_schedule_warms_up_holds_then_decays_to_a_tenth():
@@ -73,7 +75,7 @@ def flaky_environment():
     from tasks.envs.base import ToolError
     from tasks.envs.desk import make_service
 
-    desk, calls = get_env("desk"), iter(range(10 ** 6))
+    desk, calls = get_env("desk"), iter(range(10**6))
 
     def open_session(task):
         service = make_service(task)
@@ -82,6 +84,7 @@ def flaky_environment():
             if next(calls) % 2:
                 raise TimeoutError("tool server too slow")
             return service(name, arguments)
+
         return InProcessSession(flaky, (ToolError,))
 
     def generate_tasks(*args, **kwargs):

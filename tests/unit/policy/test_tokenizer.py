@@ -1,4 +1,5 @@
 """The embedded default's tokenizers (tasks/policy/tokenizer.py): standard, saved and loaded like any checkpoint's."""
+
 import pytest
 from transformers import AutoTokenizer
 
@@ -7,8 +8,11 @@ from tasks.policy.tokenizer import ALPHABET, CALL_MARKERS, EOS, ROLES, bpe_token
 
 CONVERSATION = [
     {"role": "user", "content": "What is 3<4 and <b>?"},
-    {"role": "assistant", "content": "", "tool_calls": [
-        {"id": "c1", "type": "function", "function": {"name": "calc", "arguments": {"a": 1}}}]},
+    {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "calc", "arguments": {"a": 1}}}],
+    },
     {"role": "tool", "tool_call_id": "c1", "content": "7"},
     {"role": "assistant", "content": "7"},
 ]
@@ -16,7 +20,7 @@ CONVERSATION = [
 
 def test_char_ids_are_the_fixed_alphabet():
     tok = char_tokenizer()
-    assert len(tok) == 105        # 9 markers + newline + 95 printable ASCII
+    assert len(tok) == 105  # 9 markers + newline + 95 printable ASCII
     assert (tok.pad_token_id, tok.bos_token_id, tok.eos_token_id) == (0, 1, 2)
     assert tok.convert_tokens_to_ids(["<|system|>", "</tool_call>", "\n", " ", "~"]) == [3, 8, 9, 10, 104]
     assert tok.encode("<|end|>", add_special_tokens=False) == [2]
@@ -41,8 +45,10 @@ def test_saved_directory_loads_with_autotokenizer_and_its_template(tmp_path):
     kwargs = {"tools": None, "tokenize": True, "return_dict": False}
     assert loaded.apply_chat_template(CONVERSATION, **kwargs) == tok.apply_chat_template(CONVERSATION, **kwargs)
     text = loaded.apply_chat_template(CONVERSATION, tokenize=False)
-    assert text == ('<|user|>What is 3<4 and <b>?<|end|><|assistant|><tool_call>{"name":"calc","arguments":{"a":1}}'
-                    "</tool_call><|end|><|tool|>7<|end|><|assistant|>7<|end|>")
+    assert text == (
+        '<|user|>What is 3<4 and <b>?<|end|><|assistant|><tool_call>{"name":"calc","arguments":{"a":1}}'
+        "</tool_call><|end|><|tool|>7<|end|><|assistant|>7<|end|>"
+    )
 
 
 def test_template_rejects_an_unknown_role():
@@ -74,8 +80,9 @@ def test_the_bpe_default_halves_the_demonstrations_and_keeps_them_exact():
 
     lengths = {}
     for kind in ("char", "bpe"):
-        _, chat = build_model(ModelSettings(tokenizer=kind, hidden_size=32, num_layers=1, num_heads=1,
-                                            intermediate_size=32))
+        _, chat = build_model(
+            ModelSettings(tokenizer=kind, hidden_size=32, num_layers=1, num_heads=1, intermediate_size=32)
+        )
         lengths[kind] = 0
         for task in toolset_tasks("1", 12, 5):
             ep = new_episode(task, chat)

@@ -1,12 +1,12 @@
 """Cost ledger and price table (tasks/promotion/cost.py), checked against hand-computed figures."""
+
 import json
 import re
 
 import pytest
 
 from tasks.config import load_settings
-from tasks.promotion.cost import (PriceKeyError, PriceTableError, ServingProjection, StageUsage, ledger,
-                                  load_prices)
+from tasks.promotion.cost import PriceKeyError, PriceTableError, ServingProjection, StageUsage, ledger, load_prices
 
 TABLE = """
 currency: USD
@@ -28,13 +28,22 @@ def table(tmp_path):
 
 
 def cost_settings(table, **over):
-    cost = {"prices_file": table.path, "cpu_price": "test-cpu", "gpu_price": "test-h200", "serving_price": "test-serve",
-            "traffic_episodes_per_day": 100_000, "horizon_days": 30, **over}
+    cost = {
+        "prices_file": table.path,
+        "cpu_price": "test-cpu",
+        "gpu_price": "test-h200",
+        "serving_price": "test-serve",
+        "traffic_episodes_per_day": 100_000,
+        "horizon_days": 30,
+        **over,
+    }
     return load_settings(environ={}, overrides={"cost": cost}).cost
 
 
-STAGES = [StageUsage("rollout", wall_s=1800, cpus=4, tokens_generated=1_000_000),
-          StageUsage("train", wall_s=3600, cpus=2, gpus=1, gpu_type="NVIDIA H200", tokens_trained=400_000)]
+STAGES = [
+    StageUsage("rollout", wall_s=1800, cpus=4, tokens_generated=1_000_000),
+    StageUsage("train", wall_s=3600, cpus=2, gpus=1, gpu_type="NVIDIA H200", tokens_trained=400_000),
+]
 
 
 def test_shipped_price_table_has_the_default_keys_and_dated_sources():
@@ -63,18 +72,18 @@ def test_ledger_matches_hand_computed_figures(table):
     assert train["gpu_usd"] == pytest.approx(4.0) and train["usd"] == pytest.approx(4.10)
     assert report["run_usd"] == pytest.approx(4.20)
     assert report["tokens"] == {"generated": 1_000_000, "trained": 400_000, "total": 1_400_000}
-    assert report["usd_per_million_tokens"] == pytest.approx(3.00)          # $4.20 / 1.4M tokens
+    assert report["usd_per_million_tokens"] == pytest.approx(3.00)  # $4.20 / 1.4M tokens
     # +20 tokens/episode x 100k episodes/day x 30 days = 60M tokens x $0.10/M = $6.00 more to serve
     assert report["serving"]["episodes"] == pytest.approx(3_000_000)
     assert report["serving_delta_usd"] == pytest.approx(6.00)
     assert report["total_usd"] == pytest.approx(10.20)
-    assert report["usd_per_success_point"] == pytest.approx(2.04)          # $10.20 / 5 points
+    assert report["usd_per_success_point"] == pytest.approx(2.04)  # $10.20 / 5 points
     assert report["prices"]["gpu"]["key"] == "test-h200" and report["prices"]["serving"]["read_on"] == "2025-06-01"
 
 
 def test_serving_savings_are_reported_but_not_credited(table):
     report = ledger(STAGES, cost_settings(table), table, ServingProjection(500, 480), success_gain_points=5.0)
-    assert report["serving_delta_usd"] == pytest.approx(-6.00)               # reported: the challenger is cheaper
+    assert report["serving_delta_usd"] == pytest.approx(-6.00)  # reported: the challenger is cheaper
     assert report["total_usd"] == pytest.approx(report["run_usd"]) == pytest.approx(4.20)  # floored at the run
     assert report["usd_per_success_point"] == pytest.approx(0.84)
 
@@ -90,7 +99,7 @@ def test_no_projection_and_no_gain(table, gain):
 def test_cpu_only_run_needs_no_gpu_price_and_may_have_no_tokens(table):
     settings = cost_settings(table, gpu_price="not-in-the-table")
     report = ledger([StageUsage("eval", wall_s=360, cpus=10)], settings, table)
-    assert report["run_usd"] == pytest.approx(0.05)                         # 1 vCPU-h
+    assert report["run_usd"] == pytest.approx(0.05)  # 1 vCPU-h
     assert report["prices"]["gpu"] is None and report["usd_per_million_tokens"] is None
     with pytest.raises(PriceKeyError, match=r"no gpu price 'not-in-the-table'.*\['test-h100', 'test-h200'\]"):
         ledger([StageUsage("train", wall_s=60, gpus=1)], settings, table)
@@ -125,13 +134,20 @@ gpu:
     with pytest.raises(PriceTableError) as err:
         load_prices(path)
     msg = str(err.value)
-    for expected in ["currency: must be USD", "cpu.free: price must be a number > 0",
-                     "cpu.per-core: unit must be 'USD per vCPU-hour'", "divide an instance-hour price",
-                     "gpu.no-source: source must be the public URL", "gpu.not-a-url: source",
-                     "gpu.undated: read_on must be the date", "gpu.which-gpu: gpu must name the GPU model",
-                     "gpu.which-gpu: read_on", "serving: missing or empty"]:
+    for expected in [
+        "currency: must be USD",
+        "cpu.free: price must be a number > 0",
+        "cpu.per-core: unit must be 'USD per vCPU-hour'",
+        "divide an instance-hour price",
+        "gpu.no-source: source must be the public URL",
+        "gpu.not-a-url: source",
+        "gpu.undated: read_on must be the date",
+        "gpu.which-gpu: gpu must name the GPU model",
+        "gpu.which-gpu: read_on",
+        "serving: missing or empty",
+    ]:
         assert expected in msg, expected
-    assert "has 9 problem(s)" in msg and msg.count("\n  ") == 9                 # every problem at once, one per line
+    assert "has 9 problem(s)" in msg and msg.count("\n  ") == 9  # every problem at once, one per line
 
 
 def test_load_prices_bad_files(tmp_path):
@@ -148,8 +164,9 @@ def test_unquoted_date_is_accepted(tmp_path):
     assert load_prices(path).choose("cpu", "test-cpu").read_on == "2025-06-15"
 
 
-@pytest.mark.parametrize("field, value", [("wall_s", -1), ("cpus", float("nan")), ("gpus", -0.5),
-                                          ("tokens_generated", -10)])
+@pytest.mark.parametrize(
+    "field, value", [("wall_s", -1), ("cpus", float("nan")), ("gpus", -0.5), ("tokens_generated", -10)]
+)
 def test_stage_usage_rejects_impossible_usage(field, value):
     with pytest.raises(ValueError, match=f"stage 'train': {field} must be"):
         StageUsage("train", **{"wall_s": 10, field: value})

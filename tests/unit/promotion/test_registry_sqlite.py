@@ -1,5 +1,6 @@
 """The registry on a server-less SQLite MLflow store (what `make demo` uses): versions come back as
 ints there, strings over REST; aliases must compare the same either way."""
+
 from __future__ import annotations
 
 from tasks.promotion.registry import ModelRegistry

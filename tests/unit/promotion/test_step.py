@@ -1,6 +1,7 @@
 """The promotion step (tasks/promotion/step.py): price_run and judge on hand-made comparisons, and
 apply_decision on a server-less SQLite MLflow store: the challenger registered once per run key and
 tagged, the aliases moved on promote and only then, a retried step moving nothing twice."""
+
 from __future__ import annotations
 
 import json
@@ -18,14 +19,25 @@ VALID = {"data": True, "evals": True}
 
 
 def _settings(model_name="unit-step", **promotion):
-    return load_settings(environ={}, overrides={"promotion": {
-        "model_name": model_name, "metric": "greedy_success", "min_gain": 0.05, "guard_tolerance": 0.10,
-        "min_gain_per_dollar": 1.0, **promotion}})
+    return load_settings(
+        environ={},
+        overrides={
+            "promotion": {
+                "model_name": model_name,
+                "metric": "greedy_success",
+                "min_gain": 0.05,
+                "guard_tolerance": 0.10,
+                "min_gain_per_dollar": 1.0,
+                **promotion,
+            }
+        },
+    )
 
 
 def _comparison(champion: int, challenger: int) -> dict:
     def table(k):
         return EvalResult([{"task_id": f"t{i}", "greedy_success": float(i < k)} for i in range(N)])
+
     return compare(table(challenger), table(champion), key="greedy_success", resamples=500)
 
 
@@ -58,10 +70,13 @@ def test_judge_makes_every_other_toolset_a_guard():
     assert not refused.promote and [c["name"] for c in refused.checks if not c["passed"]] == ["guard:registry_v3"]
 
 
-@pytest.mark.parametrize("change, failed", [
-    ({"target": (9, 11)}, "target_gain"),
-    ({"guard": (27, 18)}, "guard:registry_v1"),
-])
+@pytest.mark.parametrize(
+    "change, failed",
+    [
+        ({"target": (9, 11)}, "target_gain"),
+        ({"guard": (27, 18)}, "guard:registry_v1"),
+    ],
+)
 def test_judge_refuses_a_small_gain_or_a_guard_regression(change, failed):
     settings = _settings()
     comps = comparisons(**change)
@@ -114,8 +129,15 @@ def test_a_promoted_challenger_is_registered_tagged_and_becomes_champion_once(st
     decision = judge(settings, comps, VALID, cost)
     assert decision.promote
 
-    result = apply_decision(settings, decision, cost, comps, store.model_run_id, "manual__1",
-                            version_tags={"evergreen.policy_version": "40"})
+    result = apply_decision(
+        settings,
+        decision,
+        cost,
+        comps,
+        store.model_run_id,
+        "manual__1",
+        version_tags={"evergreen.policy_version": "40"},
+    )
     assert result["version"] == "2" and result["model_name"] == "unit-step-promote"
     assert result["move"]["moved"] is True and (result["move"]["from"], result["move"]["to"]) == ("1", "2")
     assert result["aliases"] == registry.aliases() == {"champion": "2", "previous": "1"}

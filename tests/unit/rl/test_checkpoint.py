@@ -1,6 +1,7 @@
 """Training checkpoints (tasks/rl/checkpoint.py) on a tiny model built from settings: weights, optimizer
 state, RNG states and the step come back exactly; the newest complete checkpoint is the one resumed; a
 checkpoint killed mid-write is never chosen; a corrupt one is refused, not half-loaded into the model."""
+
 from __future__ import annotations
 
 import json
@@ -16,8 +17,19 @@ from tasks.rl.checkpoint import latest_checkpoint, restore_checkpoint, save_chec
 
 
 def _model(seed=0):
-    s = load_settings(environ={}, overrides={"model": {"hidden_size": 32, "num_layers": 1, "num_heads": 2,
-                                                       "intermediate_size": 64, "max_len": 128, "seed": seed}})
+    s = load_settings(
+        environ={},
+        overrides={
+            "model": {
+                "hidden_size": 32,
+                "num_layers": 1,
+                "num_heads": 2,
+                "intermediate_size": 64,
+                "max_len": 128,
+                "seed": seed,
+            }
+        },
+    )
     model, tok = build_model(s.model)
     return model, tok, torch.optim.AdamW(model.parameters(), lr=1e-2, betas=(0.9, 0.99))
 
@@ -49,8 +61,16 @@ def test_weights_optimizer_rng_and_step_round_trip(tmp_path):
     after_save = _draws()  # what the run would have drawn next
 
     assert path == tmp_path / "step-000007"
-    assert {"model.safetensors", "config.json", "tokenizer.json", "chat_template.jinja", "optimizer.pt", "rng.pt",
-            "rng.json", "state.json"} <= {p.name for p in path.iterdir()}
+    assert {
+        "model.safetensors",
+        "config.json",
+        "tokenizer.json",
+        "chat_template.jinja",
+        "optimizer.pt",
+        "rng.pt",
+        "rng.json",
+        "state.json",
+    } <= {p.name for p in path.iterdir()}
     for pt in ("optimizer.pt", "rng.pt"):  # tensors and plain containers only: loadable without unpickling
         torch.load(path / pt, weights_only=True)
 

@@ -1,4 +1,5 @@
 """GRPO maths (tasks/rl/grpo.py) against hand-computed cases."""
+
 import math
 
 import pytest
@@ -13,11 +14,13 @@ def _t(rows, requires_grad=False):
 
 def _ratio_logp(ratios, requires_grad=True):
     """logp such that exp(logp - 0) equals each ratio (old_logp is zero)."""
-    return torch.tensor([[math.log(r) for r in row] for row in ratios], dtype=torch.float64,
-                        requires_grad=requires_grad)
+    return torch.tensor(
+        [[math.log(r) for r in row] for row in ratios], dtype=torch.float64, requires_grad=requires_grad
+    )
 
 
 # ---------------------------------------------------------------- group_advantages
+
 
 def test_group_advantages_std_mode_hand_computed():
     # mean 0.5, population std 0.5 -> (r - 0.5) / 0.5
@@ -61,6 +64,7 @@ def test_group_advantages_invalid_mode_raises():
 
 # ---------------------------------------------------------------- clipped_policy_loss
 
+
 def test_loss_ratio_inside_clip_range_is_unclipped():
     logp = _ratio_logp([[1.1]])
     loss, stats = clipped_policy_loss(logp, _t([[0.0]]), _t([2.0]), _t([[1.0]]), eps_low=0.2, eps_high=0.28)
@@ -75,8 +79,7 @@ def test_loss_ratio_inside_clip_range_is_unclipped():
 def test_loss_positive_advantage_above_upper_clip_has_zero_gradient():
     # token 0: ratio 1.5 > 1.28 (clipped); token 1: ratio 1.1 (inside)
     logp = _ratio_logp([[1.5, 1.1]])
-    loss, stats = clipped_policy_loss(logp, _t([[0.0, 0.0]]), _t([1.0]), _t([[1.0, 1.0]]),
-                                      eps_low=0.2, eps_high=0.28)
+    loss, stats = clipped_policy_loss(logp, _t([[0.0, 0.0]]), _t([1.0]), _t([[1.0, 1.0]]), eps_low=0.2, eps_high=0.28)
     assert loss.item() == pytest.approx(-(1.28 + 1.1) / 2)
     assert stats["clip_fraction"] == pytest.approx(0.5)
     loss.backward()
@@ -159,8 +162,7 @@ def test_token_level_aggregation_weighs_long_sequences_more():
 
 def test_all_masked_batch_gives_zero_loss_not_nan():
     logp = _t([[0.3, 0.1]], requires_grad=True)
-    loss, stats = clipped_policy_loss(logp, _t([[0.0, 0.0]]), _t([1.0]), _t([[0.0, 0.0]]),
-                                      eps_low=0.2, eps_high=0.28)
+    loss, stats = clipped_policy_loss(logp, _t([[0.0, 0.0]]), _t([1.0]), _t([[0.0, 0.0]]), eps_low=0.2, eps_high=0.28)
     assert loss.item() == 0.0
     assert not math.isnan(stats["ratio_mean"])
 
@@ -170,8 +172,9 @@ def test_k3_kl_value(d):
     # ratio 1 and A = 0: the surrogate is zero, the loss is kl_coef * (exp(d) - d - 1), d = ref - logp
     kl = math.exp(d) - d - 1.0
     logp = _t([[0.0]], requires_grad=True)
-    loss, stats = clipped_policy_loss(logp, _t([[0.0]]), _t([0.0]), _t([[1.0]]), eps_low=0.2, eps_high=0.28,
-                                      ref_logp=_t([[d]]), kl_coef=0.1)
+    loss, stats = clipped_policy_loss(
+        logp, _t([[0.0]]), _t([0.0]), _t([[1.0]]), eps_low=0.2, eps_high=0.28, ref_logp=_t([[d]]), kl_coef=0.1
+    )
     assert stats["kl"] == pytest.approx(kl)
     assert loss.item() == pytest.approx(0.1 * kl)
     loss.backward()
@@ -181,11 +184,13 @@ def test_k3_kl_value(d):
 
 def test_k3_kl_hand_value_and_off_when_coef_zero():
     # exp(0.5) - 0.5 - 1 = 0.1487212707
-    _, stats = clipped_policy_loss(_t([[0.0]]), _t([[0.0]]), _t([0.0]), _t([[1.0]]), eps_low=0.2, eps_high=0.28,
-                                   ref_logp=_t([[0.5]]), kl_coef=1.0)
+    _, stats = clipped_policy_loss(
+        _t([[0.0]]), _t([[0.0]]), _t([0.0]), _t([[1.0]]), eps_low=0.2, eps_high=0.28, ref_logp=_t([[0.5]]), kl_coef=1.0
+    )
     assert stats["kl"] == pytest.approx(0.1487212707)
-    loss, stats = clipped_policy_loss(_t([[0.0]]), _t([[0.0]]), _t([0.0]), _t([[1.0]]), eps_low=0.2, eps_high=0.28,
-                                      ref_logp=_t([[0.5]]), kl_coef=0.0)
+    loss, stats = clipped_policy_loss(
+        _t([[0.0]]), _t([[0.0]]), _t([0.0]), _t([[1.0]]), eps_low=0.2, eps_high=0.28, ref_logp=_t([[0.5]]), kl_coef=0.0
+    )
     assert loss.item() == 0.0
     assert "kl" not in stats
 
@@ -193,8 +198,16 @@ def test_k3_kl_hand_value_and_off_when_coef_zero():
 def test_kl_is_masked_and_token_averaged():
     # two tokens, the second masked: kl averaged over the one unmasked token
     kl0 = math.exp(0.5) - 0.5 - 1.0
-    loss, stats = clipped_policy_loss(_t([[0.0, 0.0]]), _t([[0.0, 0.0]]), _t([0.0]), _t([[1.0, 0.0]]),
-                                      eps_low=0.2, eps_high=0.28, ref_logp=_t([[0.5, 3.0]]), kl_coef=0.5)
+    loss, stats = clipped_policy_loss(
+        _t([[0.0, 0.0]]),
+        _t([[0.0, 0.0]]),
+        _t([0.0]),
+        _t([[1.0, 0.0]]),
+        eps_low=0.2,
+        eps_high=0.28,
+        ref_logp=_t([[0.5, 3.0]]),
+        kl_coef=0.5,
+    )
     assert stats["kl"] == pytest.approx(kl0)
     assert loss.item() == pytest.approx(0.5 * kl0)
 
@@ -203,12 +216,14 @@ def test_kl_weight_per_sequence():
     # two one-token sequences with the same KL: weights 0.1 and 0.5 -> token mean of (0.1 + 0.5) * kl / 2
     kl0 = math.exp(0.5) - 0.5 - 1.0
     args = (_t([[0.0], [0.0]]), _t([[0.0], [0.0]]), _t([0.0, 0.0]), _t([[1.0], [1.0]]))
-    loss, _ = clipped_policy_loss(*args, eps_low=0.2, eps_high=0.28, ref_logp=_t([[0.5], [0.5]]),
-                                  kl_coef=torch.tensor([0.1, 0.5]))
+    loss, _ = clipped_policy_loss(
+        *args, eps_low=0.2, eps_high=0.28, ref_logp=_t([[0.5], [0.5]]), kl_coef=torch.tensor([0.1, 0.5])
+    )
     assert loss.item() == pytest.approx(0.3 * kl0)
     # one weight zero, the other not: the KL is the token mean over the weighted sequence only
-    loss, stats = clipped_policy_loss(*args, eps_low=0.2, eps_high=0.28, ref_logp=_t([[0.5], [0.5]]),
-                                      kl_coef=torch.tensor([0.0, 0.4]))
+    loss, stats = clipped_policy_loss(
+        *args, eps_low=0.2, eps_high=0.28, ref_logp=_t([[0.5], [0.5]]), kl_coef=torch.tensor([0.0, 0.4])
+    )
     assert loss.item() == pytest.approx(0.4 * kl0) and stats["kl"] == pytest.approx(kl0)
     assert stats["kl_tokens"] == 1.0
 
@@ -219,8 +234,16 @@ def test_kl_acts_on_zero_advantage_sequences_with_its_own_token_mean():
     kl0 = math.exp(0.5) - 0.5 - 1.0
     logp = _t([[0.0, 0.0], [0.0, 0.0]], requires_grad=True)
     mask = _t([[1.0, 0.0], [1.0, 1.0]])
-    loss, stats = clipped_policy_loss(logp, logp.detach().clone(), _t([0.0, 1.0]), mask, eps_low=0.2, eps_high=0.28,
-                                      ref_logp=_t([[0.5, 0.0], [0.0, 0.0]]), kl_coef=1.0)
+    loss, stats = clipped_policy_loss(
+        logp,
+        logp.detach().clone(),
+        _t([0.0, 1.0]),
+        mask,
+        eps_low=0.2,
+        eps_high=0.28,
+        ref_logp=_t([[0.5, 0.0], [0.0, 0.0]]),
+        kl_coef=1.0,
+    )
     assert stats["pg_tokens"] == 2.0 and stats["kl_tokens"] == 3.0
     assert loss.item() == pytest.approx(-1.0 + kl0 / 3)
     loss.backward()
@@ -229,8 +252,18 @@ def test_kl_acts_on_zero_advantage_sequences_with_its_own_token_mean():
 
 def test_global_token_counts_scale_each_term():
     logp = _t([[0.0]], requires_grad=True)
-    loss, _ = clipped_policy_loss(logp, _t([[0.0]]), _t([1.0]), _t([[1.0]]), eps_low=0.2, eps_high=0.28,
-                                  ref_logp=_t([[0.5]]), kl_coef=1.0, pg_tokens=4.0, kl_tokens=10.0)
+    loss, _ = clipped_policy_loss(
+        logp,
+        _t([[0.0]]),
+        _t([1.0]),
+        _t([[1.0]]),
+        eps_low=0.2,
+        eps_high=0.28,
+        ref_logp=_t([[0.5]]),
+        kl_coef=1.0,
+        pg_tokens=4.0,
+        kl_tokens=10.0,
+    )
     assert loss.item() == pytest.approx(-1.0 / 4 + (math.exp(0.5) - 1.5) / 10)
 
 
@@ -238,7 +271,9 @@ def test_clipping_is_counted_only_where_the_clip_binds():
     # A > 0 with a ratio under 1 - eps_low: min() picks the unclipped term, nothing is clipped (TRL's count);
     # A < 0 with a ratio over 1 + eps_high: the same on the other side
     for r, a in [(0.5, 1.0), (1.5, -1.0)]:
-        _, stats = clipped_policy_loss(_ratio_logp([[r]]), _t([[0.0]]), _t([a]), _t([[1.0]]), eps_low=0.2, eps_high=0.28)
+        _, stats = clipped_policy_loss(
+            _ratio_logp([[r]]), _t([[0.0]]), _t([a]), _t([[1.0]]), eps_low=0.2, eps_high=0.28
+        )
         assert stats["clip_fraction"] == 0.0 and stats["clip_low"] == stats["clip_high"] == 0.0
     _, low = clipped_policy_loss(_ratio_logp([[0.5]]), _t([[0.0]]), _t([-1.0]), _t([[1.0]]), eps_low=0.2, eps_high=0.28)
     _, high = clipped_policy_loss(_ratio_logp([[1.5]]), _t([[0.0]]), _t([1.0]), _t([[1.0]]), eps_low=0.2, eps_high=0.28)
@@ -248,8 +283,16 @@ def test_clipping_is_counted_only_where_the_clip_binds():
 def test_k3_is_bounded_and_masked_positions_cannot_give_nan():
     # a token at log-prob -15 under a reference at 0: the log-ratio is bounded at 10
     logp = _t([[-15.0, 0.0]], requires_grad=True)
-    loss, stats = clipped_policy_loss(logp, logp.detach().clone(), _t([0.0]), _t([[1.0, 0.0]]), eps_low=0.2,
-                                      eps_high=0.28, ref_logp=_t([[0.0, float("inf")]]), kl_coef=1.0)
+    loss, stats = clipped_policy_loss(
+        logp,
+        logp.detach().clone(),
+        _t([0.0]),
+        _t([[1.0, 0.0]]),
+        eps_low=0.2,
+        eps_high=0.28,
+        ref_logp=_t([[0.0, float("inf")]]),
+        kl_coef=1.0,
+    )
     assert stats["kl"] == pytest.approx(math.exp(10.0) - 11.0)
     assert math.isfinite(loss.item())
     loss.backward()
@@ -264,7 +307,8 @@ def test_token_logprobs_divide_logits_by_the_temperature():
     logits = torch.tensor([[[2.0, 0.0, 1.0], [0.0, 0.0, 0.0]]])
     ids = torch.tensor([[0, 2]])
     assert token_logprobs(logits, ids, temperature=0.5).item() == pytest.approx(
-        torch.log_softmax(logits[0, 0] / 0.5, -1)[2].item())
+        torch.log_softmax(logits[0, 0] / 0.5, -1)[2].item()
+    )
     assert token_logprobs(logits, ids).item() == pytest.approx(torch.log_softmax(logits[0, 0], -1)[2].item())
 
 
@@ -282,16 +326,18 @@ def test_engine_gap_and_truncated_importance_weights():
     assert w.tolist()[0] == pytest.approx([math.exp(0.1), math.exp(-1.0), 1.0])
     assert truncated_is_weights(_t([[0.0]]), _t([[-5.0]]), _t([[1.0]]), cap=2.0).item() == pytest.approx(2.0)
     # the weights multiply the surrogate per token
-    loss, _ = clipped_policy_loss(_t([[0.0]]), _t([[0.0]]), _t([1.0]), _t([[1.0]]), eps_low=0.2, eps_high=0.28,
-                                  is_weights=_t([[0.5]]))
+    loss, _ = clipped_policy_loss(
+        _t([[0.0]]), _t([[0.0]]), _t([1.0]), _t([[1.0]]), eps_low=0.2, eps_high=0.28, is_weights=_t([[0.5]])
+    )
     assert loss.item() == pytest.approx(-0.5)
 
 
 # ---------------------------------------------------------------- token_logprobs
 
+
 def test_token_logprobs_position_t_minus_1_predicts_token_t():
-    p0 = [0.5, 0.25, 0.25]   # distribution at position 0 (predicts token 1)
-    p1 = [0.1, 0.2, 0.7]     # distribution at position 1 (predicts token 2)
+    p0 = [0.5, 0.25, 0.25]  # distribution at position 0 (predicts token 1)
+    p1 = [0.1, 0.2, 0.7]  # distribution at position 1 (predicts token 2)
     logits = torch.tensor([[[math.log(p) for p in p0], [math.log(p) + 3.0 for p in p1], [9.0, -9.0, 0.0]]])
     ids = torch.tensor([[0, 1, 2]])
     out = token_logprobs(logits, ids)
@@ -314,6 +360,7 @@ def test_token_logprobs_batch_and_dtype():
 
 
 # ---------------------------------------------------------------- pad_batch
+
 
 def test_pad_batch_right_pads_and_shifts_loss_mask():
     ids, attn, loss_mask = pad_batch([[5, 6, 7, 8], [9, 10]], [[0, 0, 1, 1], [0, 1]], pad_id=0)

@@ -1,5 +1,6 @@
 """The local Ray head's temp dir and token (tasks/rl/cluster.py): private to this user, the token fresh,
 exclusive and 0600; a directory or token someone else prepared is refused, never used."""
+
 import os
 import stat
 

@@ -1,4 +1,5 @@
 """Rollout records (tasks/rl/records.py): atomic shards, exact read-back."""
+
 import json
 
 import pytest
@@ -38,7 +39,7 @@ def test_retried_shard_is_not_duplicated(tmp_path):
     recs = [_rec(0, 0), _rec(0, 1), _rec(1, 0)]
     write_shard(tmp_path / "shard-0.jsonl", recs[:2])
     write_shard(tmp_path / "shard-1.jsonl", recs[2:])
-    write_shard(tmp_path / "shard-0.jsonl", recs[:2])   # the retried shard rewrites its own file
+    write_shard(tmp_path / "shard-0.jsonl", recs[:2])  # the retried shard rewrites its own file
     assert read_step(tmp_path, {record_key(r) for r in recs}) == recs
     assert _files(tmp_path) == ["shard-0.jsonl", "shard-1.jsonl"]
 
@@ -69,7 +70,7 @@ def test_empty_step_dir_reports_everything_missing(tmp_path):
 
 def test_only_shard_files_are_read(tmp_path):
     write_shard(tmp_path / "shard-0.jsonl", [_rec(0, 0)])
-    (tmp_path / ".shard-1.jsonl.123.tmp").write_text(json.dumps(_rec(5, 5)) + "\n")   # a dead writer's leftovers
+    (tmp_path / ".shard-1.jsonl.123.tmp").write_text(json.dumps(_rec(5, 5)) + "\n")  # a dead writer's leftovers
     (tmp_path / "notes.jsonl").write_text(json.dumps(_rec(6, 6)) + "\n")
     assert read_step(tmp_path, {(0, 0, 0)}) == [_rec(0, 0)]
 
@@ -97,7 +98,7 @@ def test_failed_write_leaves_no_temp_file(tmp_path):
 
 def test_episode_record_splits_prompt_and_completion():
     tok = default_chat()
-    task = toolset_tasks("1", 9, 5)[2]   # population of Kyoto
+    task = toolset_tasks("1", 9, 5)[2]  # population of Kyoto
     ep = new_episode(task, tok)
     prompt = ep.prompt_ids()
     call = '<tool_call>{"name":"lookup","arguments":{"city":"kyoto","field":"population"}}</tool_call>'
@@ -106,7 +107,7 @@ def test_episode_record_splits_prompt_and_completion():
     ep.add_completion(c2, [-0.25] * len(c2))
     r = episode_record(ep, task_index=4, rollout_index=1, policy_version=2)
     assert record_key(r) == (4, 1, 2)
-    assert r["prompt_ids"] == prompt              # ends with the generation prompt, <|assistant|>
+    assert r["prompt_ids"] == prompt  # ends with the generation prompt, <|assistant|>
     assert r["prompt_ids"] + r["completion_ids"] == ep.token_ids
     assert len(r["completion_ids"]) == len(r["completion_mask"]) == len(r["logprobs"])
     assert sum(r["completion_mask"]) == len(c1) + len(c2) == r["completion_tokens"]
@@ -115,7 +116,7 @@ def test_episode_record_splits_prompt_and_completion():
     assert r["reward"] == 1.0 and r["success"] is True and r["reason"] == "correct"
     assert [m["role"] for m in r["messages"]] == ["assistant", "tool", "assistant"]
     assert r["messages"][1]["content"] == "1463723"
-    json.dumps(r)   # serialisable as is
+    json.dumps(r)  # serialisable as is
 
 
 def test_shards_of_an_earlier_worker_count_are_cleared_before_a_rerun(tmp_path):

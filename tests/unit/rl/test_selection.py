@@ -1,4 +1,5 @@
 """The challenger's checkpoint choice (tasks/rl/selection.py): the pure rule, and what it leaves on disk."""
+
 from __future__ import annotations
 
 import json
@@ -68,9 +69,13 @@ def test_finish_puts_the_chosen_checkpoints_weights_into_the_model(tmp_path):
     from tasks.rl.checkpoint import save_checkpoint
     from tasks.rl.selection import CheckpointChoice
 
-    settings = load_settings(environ={}, overrides={
-        "model": {"hidden_size": 32, "num_layers": 1, "num_heads": 1, "intermediate_size": 64, "max_len": 128},
-        "grpo": {"validation_tasks": 4}})
+    settings = load_settings(
+        environ={},
+        overrides={
+            "model": {"hidden_size": 32, "num_layers": 1, "num_heads": 1, "intermediate_size": 64, "max_len": 128},
+            "grpo": {"validation_tasks": 4},
+        },
+    )
     rows = [_row(0, 0.1, 0.8), _row(2, 0.5, 0.79), _row(4, 0.7, 0.6), _row(6, 0.4, 0.8)]
     (tmp_path / "validation.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     model, tok = build_model(settings.model)

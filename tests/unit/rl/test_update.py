@@ -1,5 +1,6 @@
 """grpo_step on a tiny model: micro-batching is exact, zero-signal groups are skipped, the update moves
 probability towards the better sample of a group."""
+
 from __future__ import annotations
 
 import copy
@@ -22,18 +23,31 @@ def _records(tok, n_groups=3, group=4):
             comp = torch.randint(9, len(tok.tokenizer), (n_c,), generator=g).tolist()
             mask = [1] * (n_c - 2) + [0, 0]
             engine = (-3 * torch.rand(n_c, generator=g)).tolist()
-            recs.append({"task_index": t, "rollout_index": r, "policy_version": 0, "reward": float(r % 2),
-                         "success": bool(r % 2), "completion_tokens": n_c,
-                         "prompt_ids": torch.randint(9, len(tok.tokenizer), (n_p,), generator=g).tolist(),
-                         "completion_ids": comp, "completion_mask": mask,
-                         "logprobs": [lp if m else 0.0 for lp, m in zip(engine, mask)]})
+            recs.append(
+                {
+                    "task_index": t,
+                    "rollout_index": r,
+                    "policy_version": 0,
+                    "reward": float(r % 2),
+                    "success": bool(r % 2),
+                    "completion_tokens": n_c,
+                    "prompt_ids": torch.randint(9, len(tok.tokenizer), (n_p,), generator=g).tolist(),
+                    "completion_ids": comp,
+                    "completion_mask": mask,
+                    "logprobs": [lp if m else 0.0 for lp, m in zip(engine, mask)],
+                }
+            )
     return recs
 
 
 def _settings(**grpo):
-    return load_settings(environ={}, overrides={"model": {"hidden_size": 32, "num_layers": 1, "num_heads": 2,
-                                                          "intermediate_size": 64},
-                                                "grpo": {"lr": 1e-2, **grpo}})
+    return load_settings(
+        environ={},
+        overrides={
+            "model": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64},
+            "grpo": {"lr": 1e-2, **grpo},
+        },
+    )
 
 
 def test_micro_batches_give_the_same_update_as_one_batch():
@@ -67,8 +81,10 @@ def test_update_raises_logprob_of_rewarded_samples():
 
     def seq_logp(r):
         from tasks.rl.grpo import pad_batch, sequence_token_logprobs
-        ids, attn, mask = pad_batch([r["prompt_ids"] + r["completion_ids"]],
-                                    [[0] * len(r["prompt_ids"]) + r["completion_mask"]], tok.pad_id)
+
+        ids, attn, mask = pad_batch(
+            [r["prompt_ids"] + r["completion_ids"]], [[0] * len(r["prompt_ids"]) + r["completion_mask"]], tok.pad_id
+        )
         with torch.no_grad():
             return float((sequence_token_logprobs(model, ids, attn) * mask).sum())
 
@@ -109,8 +125,14 @@ def test_demonstration_term_joins_the_update_with_its_weight():
 
     def updated(with_demos=True, **grpo):
         m = copy.deepcopy(model)
-        metrics = grpo_step(m, torch.optim.SGD(m.parameters(), lr=0.1), recs, _settings(max_grad_norm=1e9, **grpo),
-                              tok.pad_id, demos=demos if with_demos else None)
+        metrics = grpo_step(
+            m,
+            torch.optim.SGD(m.parameters(), lr=0.1),
+            recs,
+            _settings(max_grad_norm=1e9, **grpo),
+            tok.pad_id,
+            demos=demos if with_demos else None,
+        )
         return m, metrics
 
     plain, m0 = updated(with_demos=False, demo_coef=1.0)
@@ -123,7 +145,10 @@ def test_demonstration_term_joins_the_update_with_its_weight():
     assert moved > 1e-3
 
 
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"))]
+DEVICES = [
+    "cpu",
+    pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")),
+]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -138,10 +163,18 @@ def test_update_runs_where_the_model_lives(device):
     recs, demos = _records(tok), demonstration_batch("desk", tok, 4, seed=5, max_len=512)
     cpu_model = copy.deepcopy(model)
     on_device = model.to(device)
-    m_dev = grpo_step(on_device, torch.optim.SGD(on_device.parameters(), lr=0.1), recs, s, tok.pad_id,
-                        ref_model=copy.deepcopy(ref).to(device), demos=demos)
-    m_cpu = grpo_step(cpu_model, torch.optim.SGD(cpu_model.parameters(), lr=0.1), recs, s, tok.pad_id,
-                        ref_model=ref, demos=demos)
+    m_dev = grpo_step(
+        on_device,
+        torch.optim.SGD(on_device.parameters(), lr=0.1),
+        recs,
+        s,
+        tok.pad_id,
+        ref_model=copy.deepcopy(ref).to(device),
+        demos=demos,
+    )
+    m_cpu = grpo_step(
+        cpu_model, torch.optim.SGD(cpu_model.parameters(), lr=0.1), recs, s, tok.pad_id, ref_model=ref, demos=demos
+    )
     assert all(p.device.type == device for p in on_device.parameters())
     assert abs(m_dev["loss"] - m_cpu["loss"]) < 1e-4 and abs(m_dev["demo_nll"] - m_cpu["demo_nll"]) < 1e-4
     for p, q in zip(on_device.parameters(), cpu_model.parameters()):
@@ -161,12 +194,21 @@ def test_one_minibatch_update_equals_the_update_with_a_separate_old_pass():
 
     adv = group_advantages([r["reward"] for r in recs], [r["task_index"] for r in recs])
     keep = [i for i, a in enumerate(adv) if abs(a) > 1e-8]
-    ids, attn, mask = pad_batch([recs[i]["prompt_ids"] + recs[i]["completion_ids"] for i in keep],
-                                [[0] * len(recs[i]["prompt_ids"]) + recs[i]["completion_mask"] for i in keep], tok.pad_id)
+    ids, attn, mask = pad_batch(
+        [recs[i]["prompt_ids"] + recs[i]["completion_ids"] for i in keep],
+        [[0] * len(recs[i]["prompt_ids"]) + recs[i]["completion_mask"] for i in keep],
+        tok.pad_id,
+    )
     with torch.no_grad():
         old = sequence_token_logprobs(reference, ids, attn)
-    loss, _ = clipped_policy_loss(sequence_token_logprobs(reference, ids, attn), old,
-                                  torch.tensor([adv[i] for i in keep]), mask, s.grpo.eps_low, s.grpo.eps_high)
+    loss, _ = clipped_policy_loss(
+        sequence_token_logprobs(reference, ids, attn),
+        old,
+        torch.tensor([adv[i] for i in keep]),
+        mask,
+        s.grpo.eps_low,
+        s.grpo.eps_high,
+    )
     loss.backward()
     with torch.no_grad():
         for p in reference.parameters():
@@ -200,17 +242,25 @@ def test_update_logs_kl_ratio_and_engine_gap_token_weighted():
     s = _settings(kl_coef=0.1)
     model, tok = build_model(s.model)
     recs = _records(tok)
-    m = grpo_step(copy.deepcopy(model), torch.optim.SGD(model.parameters(), lr=0.0), recs, s, tok.pad_id,
-                    ref_model=copy.deepcopy(model))
+    m = grpo_step(
+        copy.deepcopy(model),
+        torch.optim.SGD(model.parameters(), lr=0.0),
+        recs,
+        s,
+        tok.pad_id,
+        ref_model=copy.deepcopy(model),
+    )
     assert m["kl"] == pytest.approx(0.0, abs=1e-9)  # the reference is the policy itself
     assert m["ratio_mean"] == pytest.approx(1.0)
     assert m["clip_low_fraction"] is None and m["clip_high_fraction"] is None  # inert at one step per batch
     # the engine's log-probabilities were random: the gap is what the trainer's differ from them, token-weighted
     from tasks.rl.grpo import pad_batch, sequence_token_logprobs
+
     diffs = []
     for r in recs:
-        ids, attn, mask = pad_batch([r["prompt_ids"] + r["completion_ids"]],
-                                    [[0] * len(r["prompt_ids"]) + r["completion_mask"]], tok.pad_id)
+        ids, attn, mask = pad_batch(
+            [r["prompt_ids"] + r["completion_ids"]], [[0] * len(r["prompt_ids"]) + r["completion_mask"]], tok.pad_id
+        )
         with torch.no_grad():
             logp = sequence_token_logprobs(model, ids, attn)[0]
         engine = torch.tensor([0.0] * len(r["prompt_ids"]) + r["logprobs"])[1:]
@@ -235,11 +285,13 @@ def test_truncated_importance_sampling_changes_the_update_only_when_on():
     assert not torch.allclose(plain, capped)
     # engine log-probabilities equal to the trainer's make every weight 1: the same update as without
     from tasks.rl.grpo import pad_batch, sequence_token_logprobs
+
     for r in recs:
-        ids, attn, _ = pad_batch([r["prompt_ids"] + r["completion_ids"]],
-                                 [[0] * len(r["prompt_ids"]) + r["completion_mask"]], tok.pad_id)
+        ids, attn, _ = pad_batch(
+            [r["prompt_ids"] + r["completion_ids"]], [[0] * len(r["prompt_ids"]) + r["completion_mask"]], tok.pad_id
+        )
         with torch.no_grad():
-            logp = sequence_token_logprobs(model, ids, attn)[0].tolist()[len(r["prompt_ids"]) - 1:]
+            logp = sequence_token_logprobs(model, ids, attn)[0].tolist()[len(r["prompt_ids"]) - 1 :]
         r["logprobs"] = [lp if k else 0.0 for lp, k in zip(logp, r["completion_mask"])]
     assert torch.allclose(updated(), updated(engine_is_cap=2.0), atol=1e-6)
 
@@ -275,11 +327,15 @@ def _worker_update(rank, world, port, out_dir, demos_seed):
         recs[0]["reward"] = recs[1]["reward"] = recs[2]["reward"] = recs[3]["reward"] = 1.0  # one saturated group
         demos = demonstration_batch("desk", tok, 5, seed=demos_seed, max_len=512)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-        metrics = [grpo_step(model, opt, recs, s, tok.pad_id, ref_model=ref, demos=demos, rank=rank, world=world)
-                   for _ in range(2)]
+        metrics = [
+            grpo_step(model, opt, recs, s, tok.pad_id, ref_model=ref, demos=demos, rank=rank, world=world)
+            for _ in range(2)
+        ]
         if rank == 0:
-            torch.save({"params": [p.detach().clone() for p in model.parameters()], "metrics": metrics},
-                       f"{out_dir}/world{world}.pt")
+            torch.save(
+                {"params": [p.detach().clone() for p in model.parameters()], "metrics": metrics},
+                f"{out_dir}/world{world}.pt",
+            )
     finally:
         dist.destroy_process_group()
 

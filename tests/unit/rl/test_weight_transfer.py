@@ -2,6 +2,7 @@
 
 The whole path (trainer -> vLLM engines on Ray, token-for-token against HF generate) is in
 tests/integration/test_rollouts.py."""
+
 from __future__ import annotations
 
 import threading
@@ -13,8 +14,9 @@ from tasks.rl.weight_transfer import GlooGroup, _flat_layout, open_store
 
 
 def test_flat_layout_groups_by_dtype_with_running_offsets():
-    layout, totals = _flat_layout(["a", "b", "c", "d"], [torch.float32, torch.bfloat16, torch.float32, torch.bfloat16],
-                                  [[2, 3], [4], [5], [1, 1]])
+    layout, totals = _flat_layout(
+        ["a", "b", "c", "d"], [torch.float32, torch.bfloat16, torch.float32, torch.bfloat16], [[2, 3], [4], [5], [1, 1]]
+    )
     assert layout[torch.float32] == [("a", 0, [2, 3]), ("c", 6, [5])]
     assert layout[torch.bfloat16] == [("b", 0, [4]), ("d", 4, [1, 1])]
     assert totals == {torch.float32: 11, torch.bfloat16: 5}

@@ -1,4 +1,5 @@
 """The signals commands end to end, as a user runs them: one JSON line on stdout, exit status."""
+
 from __future__ import annotations
 
 import json
@@ -11,8 +12,14 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tasks", *args], cwd=ROOT, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "tasks", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=300,
+    )
 
 
 def last_json(proc) -> dict:
@@ -20,8 +27,23 @@ def last_json(proc) -> dict:
 
 
 def test_simulate_ingest_drift_across_a_tool_change(tmp_path):
-    sim = run("simulate", "--out", str(tmp_path / "sim"), "--start", "2026-11-20", "--end", "2026-11-24",
-              "--traces", "2400", "--change-at", "2026-11-22", "--malformed-share", "0.03", "--seed", "2")
+    sim = run(
+        "simulate",
+        "--out",
+        str(tmp_path / "sim"),
+        "--start",
+        "2026-11-20",
+        "--end",
+        "2026-11-24",
+        "--traces",
+        "2400",
+        "--change-at",
+        "2026-11-22",
+        "--malformed-share",
+        "0.03",
+        "--seed",
+        "2",
+    )
     assert sim.returncode == 0, sim.stderr
     manifest = last_json(sim)
 
@@ -33,9 +55,19 @@ def test_simulate_ingest_drift_across_a_tool_change(tmp_path):
     assert summary["rows_quarantined"] == sum(manifest["malformed"].values())
     assert (tmp_path / "ing" / "gx_docs" / "index.html").exists()
 
-    drift = run("drift", "--reference", str(tmp_path / "sim"), "--reference-window", "2026-11-20/2026-11-22",
-                "--current", str(tmp_path / "sim"), "--current-window", "2026-11-22/2026-11-24",
-                "--out", str(tmp_path / "drift" / "report.json"))
+    drift = run(
+        "drift",
+        "--reference",
+        str(tmp_path / "sim"),
+        "--reference-window",
+        "2026-11-20/2026-11-22",
+        "--current",
+        str(tmp_path / "sim"),
+        "--current-window",
+        "2026-11-22/2026-11-24",
+        "--out",
+        str(tmp_path / "drift" / "report.json"),
+    )
     assert drift.returncode == 0, drift.stderr
     report = last_json(drift)
     assert report["drifted"] and any("success rate" in r for r in report["reasons"])

@@ -20,6 +20,7 @@ Without shift: success ~0.5% false alarms per statistic (|diff| >= 0.025 is 2.8 
 Generation uses multinomial/binomial draws of the counts (200 trials x 7 scenarios stay ~seconds); the
 `add` path is tested separately with per-trace data.
 """
+
 from __future__ import annotations
 
 import json
@@ -35,11 +36,19 @@ from scipy import optimize, stats
 from tasks.config import DriftSettings
 from tasks.signals import drift
 from tasks.signals.drift import STATISTICS, DriftReport, compare
-from tasks.signals.significance import (bonferroni, bonferroni_adjusted, chi2_and_psi, holm, holm_adjusted,
-                                        ks_from_counts, two_proportion_test, wasserstein_from_counts)
+from tasks.signals.significance import (
+    bonferroni,
+    bonferroni_adjusted,
+    chi2_and_psi,
+    holm,
+    holm_adjusted,
+    ks_from_counts,
+    two_proportion_test,
+    wasserstein_from_counts,
+)
 from tasks.signals.windowstats import WindowStats, WorkloadStats, bucket_prompt_tokens
 
-N = 4000                    # traces per window in the calibration and power trials
+N = 4000  # traces per window in the calibration and power trials
 TRIALS = 200
 TURNS = np.arange(1, 7)
 TURNS_P = np.array([0.30, 0.30, 0.20, 0.10, 0.07, 0.03])
@@ -47,11 +56,12 @@ CALLS = np.arange(0, 6)
 CALLS_P = np.array([0.15, 0.35, 0.25, 0.15, 0.07, 0.03])
 TOOLS = ["search", "calc", "lookup", "email"]
 TOOLS_P = np.array([0.4, 0.3, 0.2, 0.1])
-TOKENS_LOW, TOKENS_WIDTH = 32, 2000     # prompt tokens uniform on [32, 2032); the shift moves it by 0.1 width
+TOKENS_LOW, TOKENS_WIDTH = 32, 2000  # prompt tokens uniform on [32, 2032); the shift moves it by 0.1 width
 
 
 # ---------------------------------------------------------------------------------------------------------
 # Synthetic windows with shifts of exactly the configured minimum size
+
 
 def move_mass(p: np.ndarray, m: float) -> np.ndarray:
     """Move mass m from the lowest value to the highest: the true KS distance is exactly m (p[0] >= m)."""
@@ -76,31 +86,42 @@ def token_pmfs() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     ref = Counter(bucket_prompt_tokens(t) for t in range(TOKENS_LOW, TOKENS_LOW + TOKENS_WIDTH))
     cur = Counter(bucket_prompt_tokens(t + shift) for t in range(TOKENS_LOW, TOKENS_LOW + TOKENS_WIDTH))
     support = np.array(sorted(set(ref) | set(cur)))
-    return (support, np.array([ref[k] for k in support]) / TOKENS_WIDTH,
-            np.array([cur[k] for k in support]) / TOKENS_WIDTH)
+    return (
+        support,
+        np.array([ref[k] for k in support]) / TOKENS_WIDTH,
+        np.array([cur[k] for k in support]) / TOKENS_WIDTH,
+    )
 
 
 @cache
 def shifted_tools(target_psi: float) -> np.ndarray:
     """Move mass t from the most used tool to the least used one, t such that the true PSI is target_psi."""
+
     def moved(t):
         return TOOLS_P + t * np.array([-1.0, 0, 0, 1])
+
     t = optimize.brentq(lambda t: psi(TOOLS_P, moved(t)) - target_psi, 0.0, 0.39)
     return moved(t)
 
 
 def base_params() -> dict:
     support, ref_tokens, _ = token_pmfs()
-    return {"success": 0.80, "tool_error": 0.10, "tokens": ref_tokens, "turns": TURNS_P, "calls": CALLS_P,
-            "tools": TOOLS_P}
+    return {
+        "success": 0.80,
+        "tool_error": 0.10,
+        "tokens": ref_tokens,
+        "turns": TURNS_P,
+        "calls": CALLS_P,
+        "tools": TOOLS_P,
+    }
 
 
 def shifted_params(statistic: str, s: DriftSettings) -> dict:
     p = base_params()
     if statistic == "success_rate":
-        p["success"] -= s.min_success_diff                     # 0.80 -> 0.75
+        p["success"] -= s.min_success_diff  # 0.80 -> 0.75
     elif statistic == "tool_error_rate":
-        p["tool_error"] += s.min_tool_error_diff               # 0.10 -> 0.15
+        p["tool_error"] += s.min_tool_error_diff  # 0.10 -> 0.15
     elif statistic == "prompt_tokens":
         assert s.min_ks == 0.1, "the token shift is built for min_ks = 0.1"
         p["tokens"] = token_pmfs()[2]
@@ -122,11 +143,15 @@ def synthetic_window(rng: np.random.Generator, params: dict, n: int = N, workloa
     support = token_pmfs()[0]
     calls = rng.multinomial(n, params["calls"])
     names = rng.multinomial(int(calls @ CALLS), params["tools"])
-    w = WorkloadStats(n=n, successes=int(rng.binomial(n, params["success"])),
-                      with_tool_error=int(rng.binomial(n, params["tool_error"])),
-                      prompt_tokens=_hist(support.tolist(), rng.multinomial(n, params["tokens"])),
-                      turns=_hist(TURNS.tolist(), rng.multinomial(n, params["turns"])),
-                      tool_calls=_hist(CALLS.tolist(), calls), tool_names=_hist(TOOLS, names))
+    w = WorkloadStats(
+        n=n,
+        successes=int(rng.binomial(n, params["success"])),
+        with_tool_error=int(rng.binomial(n, params["tool_error"])),
+        prompt_tokens=_hist(support.tolist(), rng.multinomial(n, params["tokens"])),
+        turns=_hist(TURNS.tolist(), rng.multinomial(n, params["turns"])),
+        tool_calls=_hist(CALLS.tolist(), calls),
+        tool_names=_hist(TOOLS, names),
+    )
     return WindowStats({workload: w})
 
 
@@ -147,8 +172,11 @@ def run_trials(params_ref: dict, params_cur: dict, seed: int, settings: DriftSet
 
 @cache
 def null_shares(floor: bool) -> dict[str, float]:
-    s = DriftSettings() if floor else DriftSettings(min_success_diff=1e-9, min_tool_error_diff=1e-9,
-                                                    min_ks=1e-9, min_psi=1e-9)
+    s = (
+        DriftSettings()
+        if floor
+        else DriftSettings(min_success_diff=1e-9, min_tool_error_diff=1e-9, min_ks=1e-9, min_psi=1e-9)
+    )
     return drift_shares(run_trials(base_params(), base_params(), seed=10_000, settings=s))
 
 
@@ -161,6 +189,7 @@ def shift_shares(statistic: str) -> dict[str, float]:
 
 # ---------------------------------------------------------------------------------------------------------
 # The issue's demand: calibration and power per statistic
+
 
 def test_shifts_have_exactly_the_configured_minimum_size():
     s = DriftSettings()
@@ -208,6 +237,7 @@ def test_floor_at_the_full_minimum_would_miss_half_the_minimum_shifts(monkeypatc
 # ---------------------------------------------------------------------------------------------------------
 # Through WindowStats.add, per trace
 
+
 def traces(rng: np.random.Generator, n: int, success: float) -> list[dict]:
     """Per-trace records drawn from the base distribution (success rate given)."""
     tokens = rng.integers(TOKENS_LOW, TOKENS_LOW + TOKENS_WIDTH, n)
@@ -217,8 +247,16 @@ def traces(rng: np.random.Generator, n: int, success: float) -> list[dict]:
     ok, err = rng.random(n) < success, rng.random(n) < 0.10
     out, at = [], 0
     for i in range(n):
-        out.append({"success": bool(ok[i]), "tool_errors": int(err[i]) * 2, "prompt_tokens": int(tokens[i]),
-                    "turns": int(turns[i]), "tool_calls": int(calls[i]), "tool_names": names[at:at + calls[i]]})
+        out.append(
+            {
+                "success": bool(ok[i]),
+                "tool_errors": int(err[i]) * 2,
+                "prompt_tokens": int(tokens[i]),
+                "turns": int(turns[i]),
+                "tool_calls": int(calls[i]),
+                "tool_names": names[at : at + calls[i]],
+            }
+        )
         at += calls[i]
     return out
 
@@ -259,7 +297,7 @@ def test_add_is_cheap():
     for i in range(20_000):
         w.add("calc", success=True, tool_errors=0, prompt_tokens=i, turns=2, tool_calls=2, tool_names=names)
     assert time.perf_counter() - start < 0.5
-    assert len(w.workloads["calc"].prompt_tokens) < 400      # 20,000 distinct token counts, bucketed
+    assert len(w.workloads["calc"].prompt_tokens) < 400  # 20,000 distinct token counts, bucketed
 
 
 def test_merge_equals_adding_everything_to_one():
@@ -281,20 +319,35 @@ def test_add_rejects_bad_traces_and_leaves_stats_untouched():
     w = WindowStats()
     good = dict(success=True, tool_errors=0, prompt_tokens=10, turns=1, tool_calls=1, tool_names=["calc"])
     w.add("calc", **good)
-    for bad in ({"turns": -1}, {"prompt_tokens": 12.5}, {"tool_calls": None}, {"tool_errors": -1.0},
-                {"tool_names": "calc"}):
+    for bad in (
+        {"turns": -1},
+        {"prompt_tokens": 12.5},
+        {"tool_calls": None},
+        {"tool_errors": -1.0},
+        {"tool_names": "calc"},
+    ):
         with pytest.raises(ValueError, match="workload 'calc'"):
             w.add("calc", **{**good, **bad})
         with pytest.raises(ValueError):
             w.add("other", **{**good, **bad})
     assert w.total() == 1 and list(w.workloads) == ["calc"]
-    w.add("calc", **{**good, "prompt_tokens": 300.0, "turns": 2.0})    # JSON Schema "integer" admits 300.0
+    w.add("calc", **{**good, "prompt_tokens": 300.0, "turns": 2.0})  # JSON Schema "integer" admits 300.0
     assert w.workloads["calc"].prompt_tokens[288] == 1 and all(type(k) is int for k in w.workloads["calc"].turns)
 
 
 def test_bucket_prompt_tokens():
-    assert [bucket_prompt_tokens(t) for t in (0, 255, 256, 271, 272, 511, 512, 543, 544, 1100)] == \
-        [0, 255, 256, 256, 272, 496, 512, 512, 544, 1088]
+    assert [bucket_prompt_tokens(t) for t in (0, 255, 256, 271, 272, 511, 512, 543, 544, 1100)] == [
+        0,
+        255,
+        256,
+        256,
+        272,
+        496,
+        512,
+        512,
+        544,
+        1088,
+    ]
     values = np.arange(256, 1 << 20, 7)
     buckets = np.array([bucket_prompt_tokens(int(v)) for v in values])
     assert (buckets <= values).all() and ((values - buckets) / values < 1 / 16).all()
@@ -304,6 +357,7 @@ def test_bucket_prompt_tokens():
 
 # ---------------------------------------------------------------------------------------------------------
 # Pure functions, hand-computed
+
 
 def test_two_proportion_test_hand_computed():
     # pooled 0.75, se = sqrt(.75 * .25 * (1/100 + 1/100)) = 0.0612372, z = -0.10 / se
@@ -322,7 +376,7 @@ def test_ks_from_counts_hand_computed_and_vs_scipy():
     assert ks_from_counts(Counter({4: 3, 7: 1}), Counter({7: 2, 4: 6})) == (0.0, 1.0)
     for seed in range(5):
         rng = np.random.default_rng(seed)
-        a, b = rng.poisson(3, 300 + 50 * seed), rng.poisson(3.4, 500)     # discrete: many ties
+        a, b = rng.poisson(3, 300 + 50 * seed), rng.poisson(3.4, 500)  # discrete: many ties
         d, p = ks_from_counts(Counter(a.tolist()), Counter(b.tolist()))
         ref = stats.ks_2samp(a, b, method="asymp")
         assert d == pytest.approx(ref.statistic, abs=1e-12)
@@ -334,8 +388,9 @@ def test_wasserstein_from_counts():
     assert wasserstein_from_counts(Counter({0: 1}), Counter({3: 1})) == pytest.approx(3.0)
     rng = np.random.default_rng(0)
     a, b = rng.integers(0, 9, 200), rng.integers(2, 12, 300)
-    assert wasserstein_from_counts(Counter(a.tolist()), Counter(b.tolist())) == \
-        pytest.approx(stats.wasserstein_distance(a, b))
+    assert wasserstein_from_counts(Counter(a.tolist()), Counter(b.tolist())) == pytest.approx(
+        stats.wasserstein_distance(a, b)
+    )
 
 
 def test_chi2_and_psi_hand_computed():
@@ -372,6 +427,7 @@ def test_holm_and_bonferroni_hand_computed():
 # ---------------------------------------------------------------------------------------------------------
 # compare: data edge cases, report contents, JSON
 
+
 def test_insufficient_data_leaves_the_family():
     s = DriftSettings()
     rng = np.random.default_rng(3)
@@ -397,8 +453,11 @@ def test_new_and_vanished_workloads():
     report = compare(ref, cur, DriftSettings())
     assert report.new_workloads == ["email"] and report.vanished_workloads == ["old"]
     assert "new workload email (700 traces)" in report.reasons and "new workload email" in report.summary
-    assert all(t["verdict"] == "insufficient_data" and t["reason"].startswith("new workload")
-               for t in report.tests if t["workload"] == "email")
+    assert all(
+        t["verdict"] == "insufficient_data" and t["reason"].startswith("new workload")
+        for t in report.tests
+        if t["workload"] == "email"
+    )
     assert not report.drifted
 
 
@@ -424,13 +483,25 @@ def test_effect_floor_keeps_significant_small_shifts_quiet():
 def test_reason_format_and_report_keys():
     s = DriftSettings()
     rng = np.random.default_rng(7)
-    report = compare(synthetic_window(rng, base_params()),
-                     synthetic_window(rng, dict(base_params(), success=0.60)), s)
+    report = compare(synthetic_window(rng, base_params()), synthetic_window(rng, dict(base_params(), success=0.60)), s)
     assert report.drifted and len(report.reasons) == 1
     assert re.fullmatch(r"calc: success rate 0\.80 -> 0\.\d\d \(-0\.\d\d, p=\d(e-\d+)?\)", report.reasons[0])
     assert report.summary.startswith("drift in 1 of 6 tests (holm, alpha=0.05): calc: success rate")
-    keys = {"workload", "statistic", "test", "value", "p_value", "p_adjusted", "effect", "effect_threshold",
-            "alpha", "n_reference", "n_current", "verdict", "reason"}
+    keys = {
+        "workload",
+        "statistic",
+        "test",
+        "value",
+        "p_value",
+        "p_adjusted",
+        "effect",
+        "effect_threshold",
+        "alpha",
+        "n_reference",
+        "n_current",
+        "verdict",
+        "reason",
+    }
     assert all(keys <= set(t) for t in report.tests)
     assert report.test("calc", "success_rate")["effect_threshold"] == pytest.approx(s.min_success_diff / 2)
     assert report.settings == s.model_dump()
@@ -440,8 +511,9 @@ def test_bonferroni_setting_is_used():
     rng = np.random.default_rng(8)
     ref, cur = synthetic_window(rng, base_params()), synthetic_window(rng, base_params())
     report = compare(ref, cur, DriftSettings(correction="bonferroni"))
-    assert [t["p_adjusted"] for t in report.tests] == \
-        pytest.approx(bonferroni_adjusted([t["p_value"] for t in report.tests]))
+    assert [t["p_adjusted"] for t in report.tests] == pytest.approx(
+        bonferroni_adjusted([t["p_value"] for t in report.tests])
+    )
 
 
 def test_json_round_trips():

@@ -1,4 +1,5 @@
 """check_production: ingest + drift + tool diff, the one call behind the drift monitor."""
+
 from __future__ import annotations
 
 import json
@@ -19,7 +20,9 @@ START = datetime(2026, 11, 20, tzinfo=timezone.utc)
 def production(tmp_path_factory):
     """Four days of traffic; the toolset changes to v2 at the start of day 3."""
     out = tmp_path_factory.mktemp("prod")
-    simulate_traces(out, START, START + timedelta(days=4), 3200, [(START, "1"), (START + timedelta(days=2), "2")], seed=11)
+    simulate_traces(
+        out, START, START + timedelta(days=4), 3200, [(START, "1"), (START + timedelta(days=2), "2")], seed=11
+    )
     champion = tmp_path_factory.mktemp("champion")
     (champion / "tool_registry.json").write_text(json.dumps(load_toolset("1")))
     return out, champion
@@ -37,8 +40,13 @@ def test_tool_change_day_requests_retraining_with_reasons(production, settings, 
     assert verdict["reasons"][0].startswith("tool change:") and verdict["data_validation"] == "passed"
     assert any("success rate" in r for r in verdict["reasons"])
     assert json.loads((tmp_path / "signals.json").read_text()) == verdict
-    for name in ("drift_report.json", "tooldiff.json", "current/summary.json", "reference/summary.json",
-                 "current/gx_docs/index.html"):
+    for name in (
+        "drift_report.json",
+        "tooldiff.json",
+        "current/summary.json",
+        "reference/summary.json",
+        "current/gx_docs/index.html",
+    ):
         assert (tmp_path / name).exists(), name
 
 

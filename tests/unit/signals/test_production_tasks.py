@@ -7,6 +7,7 @@ Traces come from the real simulator (scripted policy, toolset v1 then v2) plus h
 for the cases it never writes (a question desk cannot verify, a broken line, a repeated trace id, the
 same content asked in another phrasing). ~30 s, most of it the simulator.
 """
+
 import gzip
 import json
 import random
@@ -31,17 +32,28 @@ START = datetime(2026, 12, 1, tzinfo=timezone.utc)
 
 def trace(trace_id: str, question: str, answer: str = "42") -> dict:
     """A contract row as production writes it (the answer is the policy's, possibly wrong)."""
-    return {"trace_id": trace_id, "timestamp": "2026-12-01T10:00:00Z", "workload": "calc",
-            "model": {"name": "agent", "version": "1"}, "tools": [],
-            "messages": [{"role": "user", "content": question}, {"role": "assistant", "content": answer}],
-            "outcome": {"success": False, "tool_errors": 0, "prompt_tokens": 10, "completion_tokens": 2}}
+    return {
+        "trace_id": trace_id,
+        "timestamp": "2026-12-01T10:00:00Z",
+        "workload": "calc",
+        "model": {"name": "agent", "version": "1"},
+        "tools": [],
+        "messages": [{"role": "user", "content": question}, {"role": "assistant", "content": answer}],
+        "outcome": {"success": False, "tool_errors": 0, "prompt_tokens": 10, "completion_tokens": 2},
+    }
 
 
 def shape(question: str) -> str:
     """The template of a generated question: numbers, operators, units, cities and fields abstracted."""
     names = {name for name, _, _ in UNITS.values()}
-    kinds = [(str.isdigit, "N"), (OP_WORDS.__contains__, "OP"), (UNITS.__contains__, "SYM"),
-             (names.__contains__, "UNIT"), (lambda w: w.lower() in CITIES, "CITY"), (FIELDS.__contains__, "FIELD")]
+    kinds = [
+        (str.isdigit, "N"),
+        (OP_WORDS.__contains__, "OP"),
+        (UNITS.__contains__, "SYM"),
+        (names.__contains__, "UNIT"),
+        (lambda w: w.lower() in CITIES, "CITY"),
+        (FIELDS.__contains__, "FIELD"),
+    ]
     words = re.findall(r"[A-Za-z]+|\d+|[^\sA-Za-z\d]", question)
     return " ".join(next((label for test, label in kinds if test(w)), w) for w in words)
 
@@ -52,6 +64,7 @@ def no_hook_env() -> Environment:
 
 
 # ---------------------------------------------------------------- desk reads its questions back
+
 
 @pytest.mark.parametrize("toolset", [V1, V2], ids=["v1", "v2"])
 def test_every_generated_question_round_trips(toolset):
@@ -69,27 +82,41 @@ def test_every_generated_question_round_trips(toolset):
     assert len(shapes) == 9, sorted(shapes)
 
 
-@pytest.mark.parametrize("question, family, values, expected", [
-    ("What is 12 plus 30?", "calc", [12, 30, "add"], "42"),
-    ("Compute 7 minus 9.", "calc", [7, 9, "sub"], "-2"),
-    ("6 times 7 = ?", "calc", [6, 7, "mul"], "42"),
-    ("  what is 6*7 ", "calc", [6, 7, "mul"], "42"),
-    ("Convert 3 kilometers to meters.", "convert", [3, "km", "m"], "3000"),
-    ("Convert 2.5 h to min", "convert", [2.5, "h", "min"], "150"),
-    ("How many milliliters is 4 liters?", "convert", [4, "l", "ml"], "4000"),
-    ("How many s is 2 min?", "convert", [2, "min", "s"], "120"),
-    ("What is the population of Oslo?", "lookup", ["oslo", "population"], "709037"),
-    ("Denver: elevation?", "lookup", ["denver", "elevation"], "1609"),
-])
+@pytest.mark.parametrize(
+    "question, family, values, expected",
+    [
+        ("What is 12 plus 30?", "calc", [12, 30, "add"], "42"),
+        ("Compute 7 minus 9.", "calc", [7, 9, "sub"], "-2"),
+        ("6 times 7 = ?", "calc", [6, 7, "mul"], "42"),
+        ("  what is 6*7 ", "calc", [6, 7, "mul"], "42"),
+        ("Convert 3 kilometers to meters.", "convert", [3, "km", "m"], "3000"),
+        ("Convert 2.5 h to min", "convert", [2.5, "h", "min"], "150"),
+        ("How many milliliters is 4 liters?", "convert", [4, "l", "ml"], "4000"),
+        ("How many s is 2 min?", "convert", [2, "min", "s"], "120"),
+        ("What is the population of Oslo?", "lookup", ["oslo", "population"], "709037"),
+        ("Denver: elevation?", "lookup", ["denver", "elevation"], "1609"),
+    ],
+)
 def test_phrasings_parse_and_answers_are_recomputed(question, family, values, expected):
     assert parse_question(question) == (family, values)
     task = DESK.task_from_trace(trace("abc", question, answer="wrong"), V2)
     assert task.expected == expected and task.data["strict"] and task.tools[0]["x-evergreen-handler"] == family
 
 
-@pytest.mark.parametrize("question", [
-    "Tell me a joke.", "What is 3 divided by 4?", "Convert 5 km to kg.", "Convert 5 km to km.",
-    "How many furlongs is 3 km?", "What is the mood of Oslo?", "Paris: population?", "What is 3 plus?", ""])
+@pytest.mark.parametrize(
+    "question",
+    [
+        "Tell me a joke.",
+        "What is 3 divided by 4?",
+        "Convert 5 km to kg.",
+        "Convert 5 km to km.",
+        "How many furlongs is 3 km?",
+        "What is the mood of Oslo?",
+        "Paris: population?",
+        "What is 3 plus?",
+        "",
+    ],
+)
 def test_unparsable_questions_give_none(question):
     assert DESK.task_from_trace(trace("x", question), V2) is None
 
@@ -104,16 +131,22 @@ def test_no_user_message_or_missing_tool_gives_none():
 
 # ---------------------------------------------------------------- train / eval from accepted traces
 
-EXTRA = [trace("zz-dup-a", "What is 3 plus 4?"), trace("zz-dup-b", "Compute 4 plus 3."),  # one content
-         trace("zz-dup-c", "  what is 3 + 4 "), trace("zz-joke", "Tell me a joke."),
-         {**trace("zz-nouser", "x"), "messages": [{"role": "system", "content": "hi"}]}]
+EXTRA = [
+    trace("zz-dup-a", "What is 3 plus 4?"),
+    trace("zz-dup-b", "Compute 4 plus 3."),  # one content
+    trace("zz-dup-c", "  what is 3 + 4 "),
+    trace("zz-joke", "Tell me a joke."),
+    {**trace("zz-nouser", "x"), "messages": [{"role": "system", "content": "hi"}]},
+]
 
 
 @pytest.fixture(scope="module")
 def lines(tmp_path_factory):
     """All input lines: ~240 simulated traces (v1, then v2 from day 2) and the hand-made rows."""
     sim = tmp_path_factory.mktemp("sim")
-    simulate_traces(sim, START, START + timedelta(days=2), 240, [(START, "1"), (START + timedelta(days=1), "2")], seed=5)
+    simulate_traces(
+        sim, START, START + timedelta(days=2), 240, [(START, "1"), (START + timedelta(days=1), "2")], seed=5
+    )
     out = [line for f in sorted(sim.rglob("*.jsonl.gz")) for line in gzip.open(f, "rt").read().splitlines()]
     return out + [json.dumps(r) for r in EXTRA] + ["{broken", out[0]]  # out[0] again: a repeated trace id
 
@@ -179,9 +212,15 @@ def test_summary_counts_reconcile(built, lines):
     summary, out = built
     assert summary["traces"] == len(lines) == summary["mapped"] + summary["unverifiable"]
     assert summary["mapped"] == summary["train"] + summary["eval"] + summary["duplicates"]
-    assert summary["unverifiable_by_reason"] == {"bad_json": 1, "no_user_message": 1, "not_verifiable": 1,
-                                                 "repeated_trace_id": 1}
-    assert summary["validation"]["success"] and json.loads((out / "summary.json").read_text())["train"] == summary["train"]
+    assert summary["unverifiable_by_reason"] == {
+        "bad_json": 1,
+        "no_user_message": 1,
+        "not_verifiable": 1,
+        "repeated_trace_id": 1,
+    }
+    assert (
+        summary["validation"]["success"] and json.loads((out / "summary.json").read_text())["train"] == summary["train"]
+    )
     # desk holds out 40 % of contents (dev + eval), and eval_share 0.25 of the rest: about 0.55 in all
     assert 0.4 < summary["eval"] / (summary["train"] + summary["eval"]) < 0.7
 
@@ -220,13 +259,23 @@ def test_environment_without_the_hook_is_a_clear_error(tmp_path):
 
 # ---------------------------------------------------------------- GRPO's batches draw from them
 
+
 def training_settings(out, share: float, **grpo):
     from tasks.config import load_settings
 
-    return load_settings(environ={}, overrides={
-        "env": {"target_toolset": "2", "champion_toolset": "1"},
-        "grpo": {"tasks_per_step": 16, "guard_share": 0.25, "production_share": share,
-                 "production_tasks": str(out / "train.jsonl"), **grpo}})
+    return load_settings(
+        environ={},
+        overrides={
+            "env": {"target_toolset": "2", "champion_toolset": "1"},
+            "grpo": {
+                "tasks_per_step": 16,
+                "guard_share": 0.25,
+                "production_share": share,
+                "production_tasks": str(out / "train.jsonl"),
+                **grpo,
+            },
+        },
+    )
 
 
 def test_training_batches_take_their_share_from_production_and_never_its_held_out_content(built):

@@ -1,6 +1,7 @@
 """The hash tagged on a model version (tasks.promotion.step) and the drift monitor's hash (tasks.signals.monitor)
 of the same toolset are equal, whether the toolset is given as a shipped version, a file path (JSON or YAML)
 or a dict: both read it through the one loader, tasks.envs.toolset.load_toolset."""
+
 from __future__ import annotations
 
 import json
@@ -60,8 +61,9 @@ def ingested(tmp_path):
 
 def _monitor_hash(settings, ingested, toolset, out) -> str:
     source, champion = ingested
-    verdict = check_production(settings, source, out, Window.parse("2026-11-22"), champion=champion,
-                               toolset=toolset, reference=source)
+    verdict = check_production(
+        settings, source, out, Window.parse("2026-11-22"), champion=champion, toolset=toolset, reference=source
+    )
     assert verdict["tool_change_breaking"]  # v1 -> v2: the diff ran against the toolset given
     return verdict["registry_hash"]
 
@@ -87,7 +89,9 @@ def test_model_version_tag_and_monitor_hash_agree(form, ingested, tmp_path, monk
     shutil.copy(SHIPPED_V2, copy)
     as_yaml = copy.with_suffix(".yaml")
     as_yaml.write_text(yaml.safe_dump(json.loads(SHIPPED_V2.read_text())))
-    toolset = {"version": "2", "path": str(copy), "yaml": str(as_yaml), "dict": json.loads(SHIPPED_V2.read_text())}[form]
+    toolset = {"version": "2", "path": str(copy), "yaml": str(as_yaml), "dict": json.loads(SHIPPED_V2.read_text())}[
+        form
+    ]
 
     monitor = _monitor_hash(settings, ingested, toolset, tmp_path / "monitor")
     if form == "dict":  # a setting is a string: the tag's hash function itself, as step.py calls it

@@ -1,5 +1,6 @@
 """Toolset loading, hashing and diffing (tasks/envs/toolset.py and openapi.py, tasks/signals/toolset_hash.py
 and tooldiff.py)."""
+
 import copy
 import json
 
@@ -12,22 +13,38 @@ from tasks.signals.toolset_hash import normalise_tool, schema_hash
 
 
 def _tool(name, description, properties, required=()):
-    return {"type": "function", "x-evergreen-handler": name, "function": {
-        "name": name, "description": description,
-        "parameters": {"type": "object", "properties": properties, "required": list(required)}}}
+    return {
+        "type": "function",
+        "x-evergreen-handler": name,
+        "function": {
+            "name": name,
+            "description": description,
+            "parameters": {"type": "object", "properties": properties, "required": list(required)},
+        },
+    }
 
 
-BASE = {"version": "1", "tools": [
-    _tool("search", "Search the document store.", {
-        "query": {"type": "string", "description": "what to look for"},
-        "limit": {"type": "integer"},
-        "mode": {"type": "string", "enum": ["fast", "exact"]},
-        "filters": {"type": "object", "properties": {
-            "tags": {"type": "array", "items": {"type": "string"}},
-            "year": {"type": "integer"}}, "required": ["year"]}},
-        required=["query"]),
-    _tool("fetch", "Fetch one document by id.", {"id": {"type": "string"}}, required=["id"]),
-]}
+BASE = {
+    "version": "1",
+    "tools": [
+        _tool(
+            "search",
+            "Search the document store.",
+            {
+                "query": {"type": "string", "description": "what to look for"},
+                "limit": {"type": "integer"},
+                "mode": {"type": "string", "enum": ["fast", "exact"]},
+                "filters": {
+                    "type": "object",
+                    "properties": {"tags": {"type": "array", "items": {"type": "string"}}, "year": {"type": "integer"}},
+                    "required": ["year"],
+                },
+            },
+            required=["query"],
+        ),
+        _tool("fetch", "Fetch one document by id.", {"id": {"type": "string"}}, required=["id"]),
+    ],
+}
 TRANSLATE = _tool("translate", "Translate text into another language.", {"text": {"type": "string"}}, ["text"])
 
 
@@ -54,59 +71,125 @@ def _rename_param(reg, tool, old, new):
 
 # (id, mutation of a copy of BASE, expected [(change, kind, tool, parameter)] in order)
 CASES = [
-    ("tool_removed", lambda r: r["tools"].pop(1),
-     [("tool_removed", BREAKING, "fetch", None)]),
-    ("tool_added", lambda r: r["tools"].append(copy.deepcopy(TRANSLATE)),
-     [("tool_added", NON_BREAKING, "translate", None)]),
-    ("tool_renamed_same_parameters", lambda r: F(r, "fetch").update(name="get_document", description="Get one."),
-     [("tool_renamed", BREAKING, "fetch", None), ("description_changed", NON_BREAKING, "fetch", None)]),
-    ("tool_renamed_same_description", lambda r: [_rename_param(r, "fetch", "id", "doc_id"),
-                                                 F(r, "fetch").update(name="retrieve")],
-     [("tool_renamed", BREAKING, "fetch", None), ("parameter_renamed", BREAKING, "fetch", "id")]),
-    ("unrelated_tools_are_not_a_rename", lambda r: r["tools"].__setitem__(1, copy.deepcopy(TRANSLATE)),
-     [("tool_removed", BREAKING, "fetch", None), ("tool_added", NON_BREAKING, "translate", None)]),
-    ("required_parameter_added", lambda r: [P(r, "fetch").update(lang={"type": "string"}), R(r, "fetch").append("lang")],
-     [("required_parameter_added", BREAKING, "fetch", "lang")]),
-    ("optional_parameter_added", lambda r: P(r, "fetch").update(lang={"type": "string"}),
-     [("optional_parameter_added", NON_BREAKING, "fetch", "lang")]),
-    ("required_parameter_removed", lambda r: [P(r, "fetch").pop("id"), R(r, "fetch").clear()],
-     [("parameter_removed", BREAKING, "fetch", "id")]),
+    ("tool_removed", lambda r: r["tools"].pop(1), [("tool_removed", BREAKING, "fetch", None)]),
+    (
+        "tool_added",
+        lambda r: r["tools"].append(copy.deepcopy(TRANSLATE)),
+        [("tool_added", NON_BREAKING, "translate", None)],
+    ),
+    (
+        "tool_renamed_same_parameters",
+        lambda r: F(r, "fetch").update(name="get_document", description="Get one."),
+        [("tool_renamed", BREAKING, "fetch", None), ("description_changed", NON_BREAKING, "fetch", None)],
+    ),
+    (
+        "tool_renamed_same_description",
+        lambda r: [_rename_param(r, "fetch", "id", "doc_id"), F(r, "fetch").update(name="retrieve")],
+        [("tool_renamed", BREAKING, "fetch", None), ("parameter_renamed", BREAKING, "fetch", "id")],
+    ),
+    (
+        "unrelated_tools_are_not_a_rename",
+        lambda r: r["tools"].__setitem__(1, copy.deepcopy(TRANSLATE)),
+        [("tool_removed", BREAKING, "fetch", None), ("tool_added", NON_BREAKING, "translate", None)],
+    ),
+    (
+        "required_parameter_added",
+        lambda r: [P(r, "fetch").update(lang={"type": "string"}), R(r, "fetch").append("lang")],
+        [("required_parameter_added", BREAKING, "fetch", "lang")],
+    ),
+    (
+        "optional_parameter_added",
+        lambda r: P(r, "fetch").update(lang={"type": "string"}),
+        [("optional_parameter_added", NON_BREAKING, "fetch", "lang")],
+    ),
+    (
+        "required_parameter_removed",
+        lambda r: [P(r, "fetch").pop("id"), R(r, "fetch").clear()],
+        [("parameter_removed", BREAKING, "fetch", "id")],
+    ),
     # decision: the trained model keeps sending an optional parameter, so removing one breaks too
-    ("optional_parameter_removed", lambda r: P(r, "search").pop("limit"),
-     [("parameter_removed", BREAKING, "search", "limit")]),
-    ("parameter_renamed", lambda r: _rename_param(r, "search", "query", "q"),
-     [("parameter_renamed", BREAKING, "search", "query")]),
-    ("type_changed", lambda r: P(r, "search")["limit"].update(type="string"),
-     [("type_changed", BREAKING, "search", "limit")]),
-    ("nested_property_type_changed", lambda r: P(r, "search")["filters"]["properties"]["year"].update(type="string"),
-     [("type_changed", BREAKING, "search", "filters.year")]),
-    ("nested_items_type_changed", lambda r: P(r, "search")["filters"]["properties"]["tags"]["items"].update(type="integer"),
-     [("type_changed", BREAKING, "search", "filters.tags[]")]),
+    (
+        "optional_parameter_removed",
+        lambda r: P(r, "search").pop("limit"),
+        [("parameter_removed", BREAKING, "search", "limit")],
+    ),
+    (
+        "parameter_renamed",
+        lambda r: _rename_param(r, "search", "query", "q"),
+        [("parameter_renamed", BREAKING, "search", "query")],
+    ),
+    (
+        "type_changed",
+        lambda r: P(r, "search")["limit"].update(type="string"),
+        [("type_changed", BREAKING, "search", "limit")],
+    ),
+    (
+        "nested_property_type_changed",
+        lambda r: P(r, "search")["filters"]["properties"]["year"].update(type="string"),
+        [("type_changed", BREAKING, "search", "filters.year")],
+    ),
+    (
+        "nested_items_type_changed",
+        lambda r: P(r, "search")["filters"]["properties"]["tags"]["items"].update(type="integer"),
+        [("type_changed", BREAKING, "search", "filters.tags[]")],
+    ),
     # decision: every integer is a valid number, so integer -> number accepts all old calls
-    ("integer_widened_to_number", lambda r: P(r, "search")["limit"].update(type="number"),
-     [("type_changed", NON_BREAKING, "search", "limit")]),
-    ("type_gains_null", lambda r: P(r, "search")["query"].update(type=["string", "null"]),
-     [("type_changed", NON_BREAKING, "search", "query")]),
-    ("number_narrowed_to_integer", lambda r: P(r, "fetch")["id"].update(type="integer"),
-     [("type_changed", BREAKING, "fetch", "id")]),
-    ("enum_value_removed", lambda r: P(r, "search")["mode"].update(enum=["fast"]),
-     [("enum_narrowed", BREAKING, "search", "mode")]),
-    ("enum_added_to_free_parameter", lambda r: P(r, "fetch")["id"].update(enum=["a", "b"]),
-     [("enum_narrowed", BREAKING, "fetch", "id")]),
-    ("enum_value_added", lambda r: P(r, "search")["mode"].update(enum=["fast", "exact", "fuzzy"]),
-     [("enum_widened", NON_BREAKING, "search", "mode")]),
-    ("enum_dropped", lambda r: P(r, "search")["mode"].pop("enum"),
-     [("enum_widened", NON_BREAKING, "search", "mode")]),
-    ("parameter_made_required", lambda r: R(r, "search").append("limit"),
-     [("parameter_made_required", BREAKING, "search", "limit")]),
-    ("parameter_made_optional", lambda r: R(r, "search").clear(),
-     [("parameter_made_optional", NON_BREAKING, "search", "query")]),
-    ("nested_parameter_made_optional", lambda r: P(r, "search")["filters"].pop("required"),
-     [("parameter_made_optional", NON_BREAKING, "search", "filters.year")]),
-    ("tool_description_changed", lambda r: F(r, "search").update(description="Full-text search."),
-     [("description_changed", NON_BREAKING, "search", None)]),
-    ("parameter_description_changed", lambda r: P(r, "search")["query"].update(description="search terms"),
-     [("description_changed", NON_BREAKING, "search", "query")]),
+    (
+        "integer_widened_to_number",
+        lambda r: P(r, "search")["limit"].update(type="number"),
+        [("type_changed", NON_BREAKING, "search", "limit")],
+    ),
+    (
+        "type_gains_null",
+        lambda r: P(r, "search")["query"].update(type=["string", "null"]),
+        [("type_changed", NON_BREAKING, "search", "query")],
+    ),
+    (
+        "number_narrowed_to_integer",
+        lambda r: P(r, "fetch")["id"].update(type="integer"),
+        [("type_changed", BREAKING, "fetch", "id")],
+    ),
+    (
+        "enum_value_removed",
+        lambda r: P(r, "search")["mode"].update(enum=["fast"]),
+        [("enum_narrowed", BREAKING, "search", "mode")],
+    ),
+    (
+        "enum_added_to_free_parameter",
+        lambda r: P(r, "fetch")["id"].update(enum=["a", "b"]),
+        [("enum_narrowed", BREAKING, "fetch", "id")],
+    ),
+    (
+        "enum_value_added",
+        lambda r: P(r, "search")["mode"].update(enum=["fast", "exact", "fuzzy"]),
+        [("enum_widened", NON_BREAKING, "search", "mode")],
+    ),
+    ("enum_dropped", lambda r: P(r, "search")["mode"].pop("enum"), [("enum_widened", NON_BREAKING, "search", "mode")]),
+    (
+        "parameter_made_required",
+        lambda r: R(r, "search").append("limit"),
+        [("parameter_made_required", BREAKING, "search", "limit")],
+    ),
+    (
+        "parameter_made_optional",
+        lambda r: R(r, "search").clear(),
+        [("parameter_made_optional", NON_BREAKING, "search", "query")],
+    ),
+    (
+        "nested_parameter_made_optional",
+        lambda r: P(r, "search")["filters"].pop("required"),
+        [("parameter_made_optional", NON_BREAKING, "search", "filters.year")],
+    ),
+    (
+        "tool_description_changed",
+        lambda r: F(r, "search").update(description="Full-text search."),
+        [("description_changed", NON_BREAKING, "search", None)],
+    ),
+    (
+        "parameter_description_changed",
+        lambda r: P(r, "search")["query"].update(description="search terms"),
+        [("description_changed", NON_BREAKING, "search", "query")],
+    ),
     ("handler_binding_is_not_a_change", lambda r: r["tools"][0].update({"x-evergreen-handler": "other"}), []),
 ]
 
@@ -134,14 +217,23 @@ def test_shipped_v1_to_v2_renames_tools_and_arguments_and_retypes_operands():
     got = {(c.change, c.tool, c.parameter): c.detail for c in diff.changes}
     renamed_tools = {d for (change, _, _), d in got.items() if change == "tool_renamed"}
     assert {d.split(" (")[0] for d in renamed_tools} == {
-        "tool renamed calculator -> calculate", "tool renamed convert -> convert_units",
-        "tool renamed lookup -> city_facts"}
+        "tool renamed calculator -> calculate",
+        "tool renamed convert -> convert_units",
+        "tool renamed lookup -> city_facts",
+    }
     renamed_args = sorted(d.split(": ")[1] for (change, _, _), d in got.items() if change == "parameter_renamed")
-    assert renamed_args == sorted([
-        "parameter renamed a -> x", "parameter renamed b -> y", "parameter renamed op -> operator",
-        "parameter renamed value -> quantity", "parameter renamed from_unit -> source",
-        "parameter renamed to_unit -> target", "parameter renamed city -> name",
-        "parameter renamed field -> attribute"])
+    assert renamed_args == sorted(
+        [
+            "parameter renamed a -> x",
+            "parameter renamed b -> y",
+            "parameter renamed op -> operator",
+            "parameter renamed value -> quantity",
+            "parameter renamed from_unit -> source",
+            "parameter renamed to_unit -> target",
+            "parameter renamed city -> name",
+            "parameter renamed field -> attribute",
+        ]
+    )
     assert got[("type_changed", "calculator", "a")] == "calculator.a: type changed integer -> string"
     assert ("type_changed", "calculator", "b") in got
     assert not {c.change for c in diff.changes} & {"tool_removed", "tool_added", "parameter_removed"}
@@ -190,49 +282,95 @@ def test_hash_changes_with_a_description_or_a_required_flag():
 
 
 def test_normalise_tool_keeps_only_schema_parts():
-    tool = {"type": "function", "x-evergreen-handler": "calc", "function": {
-        "name": "calc", "strict": True, "parameters": {"type": "object", "additionalProperties": False,
-                                                       "properties": {"a": {"type": ["null", "integer"], "x-unit": "m",
-                                                                            "enum": [3, 1], "format": "int32"}},
-                                                       "required": ["a", "a"]}}}
-    assert normalise_tool(tool) == {"name": "calc", "description": "", "parameters": {
-        "type": "object", "properties": {"a": {"type": ["integer", "null"], "enum": [1, 3]}}, "required": ["a"]}}
-    assert normalise_tool({"name": "ping"}) == {"name": "ping", "description": "", "parameters": {
-        "type": "object", "properties": {}, "required": []}}
+    tool = {
+        "type": "function",
+        "x-evergreen-handler": "calc",
+        "function": {
+            "name": "calc",
+            "strict": True,
+            "parameters": {
+                "type": "object",
+                "additionalProperties": False,
+                "properties": {"a": {"type": ["null", "integer"], "x-unit": "m", "enum": [3, 1], "format": "int32"}},
+                "required": ["a", "a"],
+            },
+        },
+    }
+    assert normalise_tool(tool) == {
+        "name": "calc",
+        "description": "",
+        "parameters": {
+            "type": "object",
+            "properties": {"a": {"type": ["integer", "null"], "enum": [1, 3]}},
+            "required": ["a"],
+        },
+    }
+    assert normalise_tool({"name": "ping"}) == {
+        "name": "ping",
+        "description": "",
+        "parameters": {"type": "object", "properties": {}, "required": []},
+    }
 
 
 OPENAPI = {
-    "openapi": "3.0.3", "info": {"title": "Docs", "version": "1.4.0"},
+    "openapi": "3.0.3",
+    "info": {"title": "Docs", "version": "1.4.0"},
     "paths": {
         "/documents": {
-            "get": {"operationId": "listDocuments", "summary": "List documents.", "parameters": [
-                {"name": "limit", "in": "query", "schema": {"type": "integer"}, "description": "page size"},
-                {"name": "session", "in": "cookie", "schema": {"type": "string"}},
-                {"$ref": "#/components/parameters/Tenant"}]},
-            "post": {"operationId": "createDocument", "description": "Create a document.",
-                     "requestBody": {"required": True, "content": {"application/json": {
-                         "schema": {"$ref": "#/components/schemas/NewDocument"}}}}},
-            "delete": {"summary": "no operationId: not offered"}},
+            "get": {
+                "operationId": "listDocuments",
+                "summary": "List documents.",
+                "parameters": [
+                    {"name": "limit", "in": "query", "schema": {"type": "integer"}, "description": "page size"},
+                    {"name": "session", "in": "cookie", "schema": {"type": "string"}},
+                    {"$ref": "#/components/parameters/Tenant"},
+                ],
+            },
+            "post": {
+                "operationId": "createDocument",
+                "description": "Create a document.",
+                "requestBody": {
+                    "required": True,
+                    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/NewDocument"}}},
+                },
+            },
+            "delete": {"summary": "no operationId: not offered"},
+        },
         "/documents/{doc_id}": {
             "parameters": [{"name": "doc_id", "in": "path", "schema": {"type": "string"}}],
-            "get": {"operationId": "getDocument", "summary": "Get a document."}}},
+            "get": {"operationId": "getDocument", "summary": "Get a document."},
+        },
+    },
     "components": {
         "parameters": {"Tenant": {"name": "X-Tenant", "in": "header", "required": True, "schema": {"type": "string"}}},
         "schemas": {
-            "NewDocument": {"type": "object", "required": ["title"], "properties": {
-                "title": {"type": "string"}, "author": {"$ref": "#/components/schemas/Person"}}},
-            "Person": {"type": "object", "properties": {
-                "name": {"type": "string"},
-                "manager": {"$ref": "#/components/schemas/Person"}}}}}}  # recursive: needs the cycle guard
+            "NewDocument": {
+                "type": "object",
+                "required": ["title"],
+                "properties": {"title": {"type": "string"}, "author": {"$ref": "#/components/schemas/Person"}},
+            },
+            "Person": {
+                "type": "object",
+                "properties": {"name": {"type": "string"}, "manager": {"$ref": "#/components/schemas/Person"}},
+            },
+        },
+    },
+}  # recursive: needs the cycle guard
 
 
 def test_openapi_operations_become_function_tools():
     reg = load_toolset(OPENAPI)
     assert reg["version"] == "1.4.0"
     assert [t["function"]["name"] for t in reg["tools"]] == ["listDocuments", "createDocument", "getDocument"]
-    assert F(reg, "listDocuments") == {"name": "listDocuments", "description": "List documents.", "parameters": {
-        "type": "object", "required": ["X-Tenant"], "properties": {
-            "limit": {"type": "integer", "description": "page size"}, "X-Tenant": {"type": "string"}}}}
+    assert F(reg, "listDocuments") == {
+        "name": "listDocuments",
+        "description": "List documents.",
+        "parameters": {
+            "type": "object",
+            "required": ["X-Tenant"],
+            "properties": {"limit": {"type": "integer", "description": "page size"}, "X-Tenant": {"type": "string"}},
+        },
+    }
     create = F(reg, "createDocument")
     assert create["description"] == "Create a document."
     assert create["parameters"]["required"] == ["title"]
@@ -240,7 +378,10 @@ def test_openapi_operations_become_function_tools():
     assert author["properties"]["name"] == {"type": "string"}
     assert author["properties"]["manager"] == {"type": "object"}  # Person -> manager: Person, cycle stopped
     assert F(reg, "getDocument")["parameters"] == {
-        "type": "object", "properties": {"doc_id": {"type": "string"}}, "required": ["doc_id"]}
+        "type": "object",
+        "properties": {"doc_id": {"type": "string"}},
+        "required": ["doc_id"],
+    }
 
 
 def test_openapi_versions_diff_finds_a_breaking_change(tmp_path):
@@ -252,7 +393,8 @@ def test_openapi_versions_diff_finds_a_breaking_change(tmp_path):
     diff = diff_toolsets(OPENAPI, path)
     assert [(c.change, c.kind, c.tool, c.parameter) for c in diff.changes] == [
         ("type_changed", NON_BREAKING, "listDocuments", "limit"),
-        ("parameter_made_required", BREAKING, "createDocument", "author")]
+        ("parameter_made_required", BREAKING, "createDocument", "author"),
+    ]
     assert diff.breaking
 
 
@@ -270,23 +412,51 @@ def test_load_list_of_tools_and_shipped_version():
     assert [t["function"]["name"] for t in load_toolset("2")["tools"]] == ["calculate", "convert_units", "city_facts"]
 
 
-@pytest.mark.parametrize("name,text,message", [
-    ("bad.json", "{\"tools\": [", "invalid JSON"),
-    ("bad.yaml", "tools: [a, b\n", "invalid YAML/JSON"),
-    ("empty.json", "  \n", "empty document"),
-    ("list.json", "[1, 2]", "top level is a list"),
-    ("nolist.json", '{"version": 1}', "no 'tools' list; expected {version, tools:[...]} or an OpenAPI document"),
-    ("noname.json", '{"tools": [{"type": "function", "function": {"description": "x"}}]}',
-     "tools[0] has no function name"),
-    ("params.json", '{"tools": [{"function": {"name": "f", "parameters": []}}]}', "'parameters' must be a JSON schema"),
-    ("dup.json", json.dumps({"tools": [TRANSLATE, TRANSLATE]}), "tool name 'translate' appears twice"),
-    ("swagger.json", '{"swagger": "2.0", "paths": {}}', "Swagger 2.0 is not supported"),
-    ("noops.json", '{"openapi": "3.0.0", "paths": {"/a": {"get": {}}}}', "no operations with an operationId"),
-    ("extref.json", json.dumps({"openapi": "3.1.0", "paths": {"/a": {"get": {"operationId": "a", "parameters": [
-        {"$ref": "other.yaml#/P"}]}}}}), "points outside the document"),
-    ("dangling.json", json.dumps({"openapi": "3.1.0", "paths": {"/a": {"get": {"operationId": "a", "parameters": [
-        {"$ref": "#/components/parameters/Nope"}]}}}}), "points nowhere"),
-])
+@pytest.mark.parametrize(
+    "name,text,message",
+    [
+        ("bad.json", '{"tools": [', "invalid JSON"),
+        ("bad.yaml", "tools: [a, b\n", "invalid YAML/JSON"),
+        ("empty.json", "  \n", "empty document"),
+        ("list.json", "[1, 2]", "top level is a list"),
+        ("nolist.json", '{"version": 1}', "no 'tools' list; expected {version, tools:[...]} or an OpenAPI document"),
+        (
+            "noname.json",
+            '{"tools": [{"type": "function", "function": {"description": "x"}}]}',
+            "tools[0] has no function name",
+        ),
+        (
+            "params.json",
+            '{"tools": [{"function": {"name": "f", "parameters": []}}]}',
+            "'parameters' must be a JSON schema",
+        ),
+        ("dup.json", json.dumps({"tools": [TRANSLATE, TRANSLATE]}), "tool name 'translate' appears twice"),
+        ("swagger.json", '{"swagger": "2.0", "paths": {}}', "Swagger 2.0 is not supported"),
+        ("noops.json", '{"openapi": "3.0.0", "paths": {"/a": {"get": {}}}}', "no operations with an operationId"),
+        (
+            "extref.json",
+            json.dumps(
+                {
+                    "openapi": "3.1.0",
+                    "paths": {"/a": {"get": {"operationId": "a", "parameters": [{"$ref": "other.yaml#/P"}]}}},
+                }
+            ),
+            "points outside the document",
+        ),
+        (
+            "dangling.json",
+            json.dumps(
+                {
+                    "openapi": "3.1.0",
+                    "paths": {
+                        "/a": {"get": {"operationId": "a", "parameters": [{"$ref": "#/components/parameters/Nope"}]}}
+                    },
+                }
+            ),
+            "points nowhere",
+        ),
+    ],
+)
 def test_malformed_sources_name_the_source_and_the_problem(tmp_path, name, text, message):
     path = tmp_path / name
     path.write_text(text)
@@ -376,7 +546,11 @@ def test_run_files_name_a_toolset_by_version_or_schema_hash_never_by_its_source(
 
 
 def test_a_tool_whose_parameters_are_not_json_schema_is_refused_naming_it():
-    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
-        "a": {"type": "integr"}}}}}]
+    tools = [
+        {
+            "type": "function",
+            "function": {"name": "f", "parameters": {"type": "object", "properties": {"a": {"type": "integr"}}}},
+        }
+    ]
     with pytest.raises(ValueError, match=r"tools\[0\] \('f'\): 'parameters' is not a valid JSON Schema"):
         load_toolset({"version": "x", "tools": tools})

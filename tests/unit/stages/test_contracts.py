@@ -1,5 +1,6 @@
 """The stage contracts (tasks/stages/contracts.py): what one stage writes, the next reads back unchanged,
 with its schema version; a wrong field fails where it is written; extra fields travel on."""
+
 from __future__ import annotations
 
 import json
@@ -10,8 +11,15 @@ from pydantic import ValidationError
 from tasks.config import load_settings
 from tasks.evals.harness import EvalResult, compare
 from tasks.rundir import RunDir
-from tasks.stages.contracts import (SCHEMA_VERSION, ClusterInfo, Comparisons, DataVerdict, RunSummary,
-                                    SignalsDigest, TrainingChoice)
+from tasks.stages.contracts import (
+    SCHEMA_VERSION,
+    ClusterInfo,
+    Comparisons,
+    DataVerdict,
+    RunSummary,
+    SignalsDigest,
+    TrainingChoice,
+)
 
 
 def _rd(tmp_path):
@@ -22,14 +30,17 @@ def _rd(tmp_path):
 def _comparison(challenger: int, champion: int, n: int = 20, key: str = "greedy_success") -> dict:
     def table(k):
         return EvalResult([{"task_id": f"t{i}", key: float(i < k)} for i in range(n)])
+
     return compare(table(challenger), table(champion), key=key, resamples=200)
 
 
 def test_schema_version_is_written_and_read_back():
     assert SCHEMA_VERSION == 1
-    for model in (DataVerdict(retrain=True, summary="s", window="a/b", data_validation="passed"),
-                  TrainingChoice(train=False, reason="quiet"),
-                  ClusterInfo(backend="local", address="127.0.0.1:6390")):
+    for model in (
+        DataVerdict(retrain=True, summary="s", window="a/b", data_validation="passed"),
+        TrainingChoice(train=False, reason="quiet"),
+        ClusterInfo(backend="local", address="127.0.0.1:6390"),
+    ):
         dumped = json.loads(model.model_dump_json())
         assert dumped["schema_version"] == SCHEMA_VERSION
         assert type(model).model_validate(dumped) == model
@@ -37,9 +48,15 @@ def test_schema_version_is_written_and_read_back():
 
 def test_a_verdict_round_trips_through_the_run_dir_with_its_extra_fields(tmp_path):
     rd = _rd(tmp_path)
-    verdict = DataVerdict(retrain=True, reasons=["tool change"], summary="breaking change", window="2026-12-01/2026-12-02",
-                          rows={"current": 500}, data_validation="passed",
-                          drift_tests=[{"workload": "calc", "p_adjusted": 0.001}])  # the monitor's richer report
+    verdict = DataVerdict(
+        retrain=True,
+        reasons=["tool change"],
+        summary="breaking change",
+        window="2026-12-01/2026-12-02",
+        rows={"current": 500},
+        data_validation="passed",
+        drift_tests=[{"workload": "calc", "p_adjusted": 0.001}],
+    )  # the monitor's richer report
     rd.write(verdict, "signals.json")
     raw = rd.read("signals.json")
     assert raw["drift_tests"] == [{"workload": "calc", "p_adjusted": 0.001}] and raw["schema_version"] == 1
@@ -63,8 +80,10 @@ def test_a_file_without_schema_version_reads_as_the_current_one():
 
 
 def test_defaults_are_not_shared_between_instances():
-    a, b = DataVerdict(retrain=False, summary="s", window="w", data_validation="passed"), \
-        DataVerdict(retrain=False, summary="s", window="w", data_validation="passed")
+    a, b = (
+        DataVerdict(retrain=False, summary="s", window="w", data_validation="passed"),
+        DataVerdict(retrain=False, summary="s", window="w", data_validation="passed"),
+    )
     a.reasons.append("mine")
     a.rows["current"] = 1
     assert b.reasons == [] and b.rows == {}
@@ -87,11 +106,20 @@ def test_comparisons_take_compare_dicts_and_keep_their_extra_figures():
 
 def test_run_summary_round_trips_as_summary_json(tmp_path):
     rd = _rd(tmp_path)
-    summary = RunSummary(dag_id=rd.dag_id, run_id=rd.run_id, run_dir=str(rd.path), status="not_promoted",
-                         finished_at="2026-12-03T05:00:00+00:00", target_toolset="2", guard_toolsets=["1"],
-                         greedy={"2": _comparison(12, 10)}, sampled=None,
-                         signals=SignalsDigest(retrain=True, reasons=["r"], drift=[{"workload": "calc"}]),
-                         timings={"grpo": 12.5}, links={"mlflow_run": None, "run_dir": str(rd.path)})
+    summary = RunSummary(
+        dag_id=rd.dag_id,
+        run_id=rd.run_id,
+        run_dir=str(rd.path),
+        status="not_promoted",
+        finished_at="2026-12-03T05:00:00+00:00",
+        target_toolset="2",
+        guard_toolsets=["1"],
+        greedy={"2": _comparison(12, 10)},
+        sampled=None,
+        signals=SignalsDigest(retrain=True, reasons=["r"], drift=[{"workload": "calc"}]),
+        timings={"grpo": 12.5},
+        links={"mlflow_run": None, "run_dir": str(rd.path)},
+    )
     rd.write(summary, "summary.json")
     back = RunSummary.model_validate_json((rd.path / "summary.json").read_text())
     assert back == summary and back.schema_version == SCHEMA_VERSION

@@ -1,6 +1,7 @@
 """tasks/stages/promotion.py's cost and gate on a hand-made run directory (timings, eval tables,
 comparisons): what the run cost, and each reason not to promote on its own (a budget under the cost, a
 gain under the threshold, a regression on the guard, a failed validation)."""
+
 from __future__ import annotations
 
 import pytest
@@ -18,19 +19,45 @@ TIMINGS = {"probe_rollouts_0": (100.0, 0.5), "grpo": (1800.0, 3.0), "evaluate": 
 
 def _settings(tmp_path, **promotion):
     # thresholds pinned here so that a change to pipeline.yaml does not change what these tests mean
-    return load_settings(environ={}, overrides={"run_dir": str(tmp_path), "promotion": {
-        "metric": "greedy_success", "min_gain": 0.05, "guard_tolerance": 0.10, "min_gain_per_dollar": 1.0,
-        "max_cost_usd": None, **promotion}})
+    return load_settings(
+        environ={},
+        overrides={
+            "run_dir": str(tmp_path),
+            "promotion": {
+                "metric": "greedy_success",
+                "min_gain": 0.05,
+                "guard_tolerance": 0.10,
+                "min_gain_per_dollar": 1.0,
+                "max_cost_usd": None,
+                **promotion,
+            },
+        },
+    )
 
 
 def _rows(solved: int, tokens: int, toolset: str, key: str) -> list[dict]:
     # the first `solved` tasks solved: a challenger that solves more keeps every success of the champion
-    return [{"task_id": f"desk-r{toolset}-{i}", "family": "calc", key: float(i < solved),
-             "greedy_completion_tokens": tokens} for i in range(N)]
+    return [
+        {
+            "task_id": f"desk-r{toolset}-{i}",
+            "family": "calc",
+            key: float(i < solved),
+            "greedy_completion_tokens": tokens,
+        }
+        for i in range(N)
+    ]
 
 
-def make_run(tmp_path, target=(9, 24), guard=(27, 27), sampled=None, tokens=(40, 40), data="passed",
-             evals_valid=True, **promotion):
+def make_run(
+    tmp_path,
+    target=(9, 24),
+    guard=(27, 27),
+    sampled=None,
+    tokens=(40, 40),
+    data="passed",
+    evals_valid=True,
+    **promotion,
+):
     """A run directory as the stages before `cost` leave it. target/guard/sampled: (champion, challenger)
     tasks solved out of N; sampled (target's) defaults to target."""
     settings = _settings(tmp_path, **promotion)
@@ -38,19 +65,32 @@ def make_run(tmp_path, target=(9, 24), guard=(27, 27), sampled=None, tokens=(40,
     for stage, (wall, cpus) in TIMINGS.items():
         rd.record_timing(stage, wall, cpus=cpus, tokens_generated=1000)
     for who, i in (("champion", 0), ("challenger", 1)):
-        rd.write_lines([{**g, "sampled_success": s["sampled_success"]} for g, s in
-                        zip(_rows(target[i], tokens[i], "2", "greedy_success"),
-                            _rows((sampled or target)[i], tokens[i], "2", "sampled_success"))],
-                       f"eval_{who}_v2.jsonl")
+        rd.write_lines(
+            [
+                {**g, "sampled_success": s["sampled_success"]}
+                for g, s in zip(
+                    _rows(target[i], tokens[i], "2", "greedy_success"),
+                    _rows((sampled or target)[i], tokens[i], "2", "sampled_success"),
+                )
+            ],
+            f"eval_{who}_v2.jsonl",
+        )
 
     def comparison(pair, toolset, key):
         champ, chall = (EvalResult(_rows(k, 40, toolset, key)) for k in pair)
         return compare(chall, champ, key=key, resamples=500)
 
-    rd.write(Comparisons(evals_valid=evals_valid,
-                         greedy={"2": comparison(target, "2", "greedy_success"), "1": comparison(guard, "1", "greedy_success")},
-                         sampled={"2": comparison(sampled or target, "2", "sampled_success"),
-                                  "1": comparison(guard, "1", "sampled_success")}), "comparisons.json")
+    rd.write(
+        Comparisons(
+            evals_valid=evals_valid,
+            greedy={"2": comparison(target, "2", "greedy_success"), "1": comparison(guard, "1", "greedy_success")},
+            sampled={
+                "2": comparison(sampled or target, "2", "sampled_success"),
+                "1": comparison(guard, "1", "sampled_success"),
+            },
+        ),
+        "comparisons.json",
+    )
     if data is not None:
         rd.write({"retrain": True, "summary": "tool change", "window": "w", "data_validation": data}, "signals.json")
     return settings, rd
@@ -100,8 +140,14 @@ def test_a_real_gain_with_a_steady_guard_is_promoted(tmp_path):
     out = gate(settings, rd)
     assert out["promote"] is True and failed(rd) == []
     names = [c["name"] for c in rd.read("decision.json")["checks"]]
-    assert names == ["metric", "target_gain", "guard:registry_v1", "gain_per_dollar", "validation:data",
-                     "validation:evals"], "no budget set: no budget check"
+    assert names == [
+        "metric",
+        "target_gain",
+        "guard:registry_v1",
+        "gain_per_dollar",
+        "validation:data",
+        "validation:evals",
+    ], "no budget set: no budget check"
 
 
 def test_a_budget_under_the_cost_refuses(tmp_path):
@@ -115,10 +161,13 @@ def test_a_budget_under_the_cost_refuses(tmp_path):
     assert gate(settings, rd)["promote"] is True
 
 
-@pytest.mark.parametrize("run, check, reason", [
-    ({"target": (9, 11)}, "target_gain", "target gain not shown"),          # a gain under the threshold
-    ({"guard": (27, 18)}, "guard:registry_v1", "may have regressed"),       # a regression on the guard
-])
+@pytest.mark.parametrize(
+    "run, check, reason",
+    [
+        ({"target": (9, 11)}, "target_gain", "target gain not shown"),  # a gain under the threshold
+        ({"guard": (27, 18)}, "guard:registry_v1", "may have regressed"),  # a regression on the guard
+    ],
+)
 def test_one_failed_check_refuses_and_says_why(tmp_path, run, check, reason):
     settings, rd = make_run(tmp_path, **run)
     cost(settings, rd)
@@ -133,11 +182,14 @@ def test_a_gain_that_does_not_pay_for_the_run_refuses(tmp_path):
     assert gate(settings, rd)["promote"] is False and failed(rd) == ["gain_per_dollar"]
 
 
-@pytest.mark.parametrize("data, evals_valid, expected", [
-    ("failed", True, ["validation:data"]),
-    (None, True, ["validation:data"]),  # no signals.json: the data validation was not seen
-    ("passed", False, ["validation:evals"]),
-])
+@pytest.mark.parametrize(
+    "data, evals_valid, expected",
+    [
+        ("failed", True, ["validation:data"]),
+        (None, True, ["validation:data"]),  # no signals.json: the data validation was not seen
+        ("passed", False, ["validation:evals"]),
+    ],
+)
 def test_a_failed_or_missing_validation_refuses(tmp_path, data, evals_valid, expected):
     settings, rd = make_run(tmp_path, data=data, evals_valid=evals_valid)
     cost(settings, rd)

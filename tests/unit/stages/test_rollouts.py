@@ -1,5 +1,6 @@
 """tasks/stages/rollouts.py without a cluster: the toolsets a run serves, its held-out tasks written once
 and read back by every later stage, the run's cluster file and its engines' namespace."""
+
 from __future__ import annotations
 
 from collections import Counter
@@ -13,8 +14,9 @@ from tasks.stages.contracts import ClusterInfo
 
 
 def _settings(tmp_path, **env):
-    return load_settings(environ={}, overrides={"run_dir": str(tmp_path), "eval": {"num_tasks": 12, "seed": 77},
-                                                "env": env})
+    return load_settings(
+        environ={}, overrides={"run_dir": str(tmp_path), "eval": {"num_tasks": 12, "seed": 77}, "env": env}
+    )
 
 
 def _rd(settings, run_id="manual__2026-12-03T04:00:00+00:00"):

@@ -1,5 +1,6 @@
 """tasks/stages/signals.py and the run directory: when to train (pure, and as the stage the branch and
 the skip read), the asset event's extra, run directories."""
+
 from tasks.config import load_settings
 from tasks.rundir import RunDir
 from tasks.stages.signals import decide_training as should_train
@@ -21,15 +22,35 @@ def test_should_train_on_drift_force_or_event_with_data_only():
 
 def test_a_breaking_tool_change_event_trains_even_without_new_data_and_says_why():
     empty = {"retrain": False, "summary": "no data", "rows": {"current": 0}}
-    event = {"asset_events": [{"extra": {"from_trigger": True, "payload": {
-        "kind": "tool_change", "summary": "tool change: tool renamed a -> b", "source": "mcp:http://h/mcp"}}}]}
+    event = {
+        "asset_events": [
+            {
+                "extra": {
+                    "from_trigger": True,
+                    "payload": {
+                        "kind": "tool_change",
+                        "summary": "tool change: tool renamed a -> b",
+                        "source": "mcp:http://h/mcp",
+                    },
+                }
+            }
+        ]
+    }
     train, reason = should_train(empty, event)
     assert train and reason == "tool change: tool renamed a -> b (watched at mcp:http://h/mcp)"
 
 
 def test_retrain_request_extra_is_small_and_keeps_the_reasons():
-    verdict = {"retrain": True, "window": "a/b", "summary": "x" * 2000, "reasons": ["r" * 1000] * 30,
-               "registry_hash": "abc", "rows": {"current": 3}, "tool_change_breaking": True, "drifted": False}
+    verdict = {
+        "retrain": True,
+        "window": "a/b",
+        "summary": "x" * 2000,
+        "reasons": ["r" * 1000] * 30,
+        "registry_hash": "abc",
+        "rows": {"current": 3},
+        "tool_change_breaking": True,
+        "drifted": False,
+    }
     extra = retrain_request_extra(verdict)
     assert len(extra["summary"]) == 500 and len(extra["reasons"]) == 10 and len(extra["reasons"][0]) == 300
     assert extra["retrain"] is True and extra["registry_hash"] == "abc"
@@ -50,8 +71,11 @@ def test_should_train_is_decided_once_and_the_skip_records_it(tmp_path):
     settings = load_settings(environ={}, overrides={"run_dir": str(tmp_path)})
     rd = RunDir.for_run(settings, "continuous_post_training", "r1")
     rd.write({"retrain": False, "summary": "no drift", "rows": {"current": 5}}, "signals.json")
-    assert stage(settings, rd, trigger={}) == {"schema_version": 1, "train": False,
-                                               "reason": "no drift and no breaking tool change: no drift"}
+    assert stage(settings, rd, trigger={}) == {
+        "schema_version": 1,
+        "train": False,
+        "reason": "no drift and no breaking tool change: no drift",
+    }
     assert stage(settings, rd, trigger={}, force=True)["train"] is True
     rd.write({"train": False, "reason": "quiet"}, "should_train.json")
     assert skip(settings, rd) == {"skipped": True, "reason": "quiet"} and rd.read("skip.json")["reason"] == "quiet"

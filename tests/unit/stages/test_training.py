@@ -1,5 +1,6 @@
 """tasks/stages/training.py without a cluster: the Ray job's command line, the settings file it trains
 with, and the refusal to record a job that left no model."""
+
 from __future__ import annotations
 
 import json
@@ -16,8 +17,9 @@ from tasks.stages.training import grpo_command, record_training
 
 
 def _run(tmp_path, cluster: ClusterInfo, **overrides):
-    settings = load_settings(environ={}, overrides={"run_dir": str(tmp_path), "grpo": {"steps": 3, "lr": 5e-4},
-                                                    **overrides})
+    settings = load_settings(
+        environ={}, overrides={"run_dir": str(tmp_path), "grpo": {"steps": 3, "lr": 5e-4}, **overrides}
+    )
     rd = RunDir.for_run(settings, "continuous_post_training", "manual__2026-12-03T04:00:00+00:00")
     (rd.path / "champion").mkdir()
     (rd.path / "champion" / "config.json").write_text("{}")  # the run's champion, already fetched
@@ -30,8 +32,12 @@ def _arg(args, flag):
 
 
 def test_the_job_trains_from_the_champion_into_the_run_dir_on_the_run_engines(tmp_path):
-    settings, rd = _run(tmp_path, ClusterInfo(backend="local", address="10.0.0.5:6390",
-                                              env={"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": "/tmp/t"}))
+    settings, rd = _run(
+        tmp_path,
+        ClusterInfo(
+            backend="local", address="10.0.0.5:6390", env={"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": "/tmp/t"}
+        ),
+    )
     job = grpo_command(settings, rd)
     args = shlex.split(job["entrypoint"])
     assert args[:3] == [sys.executable, "-m", "tasks"], "a local head runs the job with this interpreter"
@@ -53,8 +59,14 @@ def test_the_settings_file_is_this_runs_settings_with_the_clusters_address(tmp_p
     written = Settings.model_validate(json.loads(open(path).read()))
     assert written.ray.address == "10.0.0.5:6390"
     assert written.grpo.steps == 3 and written.grpo.lr == 5e-4
-    assert (written.model, written.rollout, written.grpo, written.eval, written.env, written.promotion) == \
-        (settings.model, settings.rollout, settings.grpo, settings.eval, settings.env, settings.promotion)
+    assert (written.model, written.rollout, written.grpo, written.eval, written.env, written.promotion) == (
+        settings.model,
+        settings.rollout,
+        settings.grpo,
+        settings.eval,
+        settings.env,
+        settings.promotion,
+    )
     assert written.run_dir == settings.run_dir
     assert settings.ray.address is None, "the caller's settings are not modified"
 
@@ -67,8 +79,9 @@ def test_the_job_trains_with_exactly_this_runs_settings(tmp_path):
 
 
 def test_a_kuberay_job_uses_the_images_python_and_ray_auto(tmp_path):
-    settings, rd = _run(tmp_path, ClusterInfo(backend="kuberay", address="ray-head.evergreen:6379"),
-                        ray={"backend": "kuberay"})
+    settings, rd = _run(
+        tmp_path, ClusterInfo(backend="kuberay", address="ray-head.evergreen:6379"), ray={"backend": "kuberay"}
+    )
     args = shlex.split(grpo_command(settings, rd)["entrypoint"])
     assert args[:3] == ["python", "-m", "tasks"]
     assert json.loads((rd.path / "settings.json").read_text())["ray"]["address"] == "auto"
