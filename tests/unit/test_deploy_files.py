@@ -104,6 +104,15 @@ def test_rbac_lets_the_airflow_service_accounts_manage_rayclusters_in_the_templa
     }
 
 
+def test_helm_values_create_the_registry_pool_after_migrating():
+    """A task naming a pool that does not exist is never scheduled: the chart's migration job creates it."""
+    from operators.pools import REGISTRY_POOL
+
+    script = " ".join(_load("helm/values.yaml")["migrateDatabaseJob"]["args"])
+    assert "airflow db migrate &&" in script
+    assert f"airflow pools set {REGISTRY_POOL} 1 " in script
+
+
 def _env(values: dict) -> dict:
     return {e["name"]: e["value"] for e in values["env"]}
 
