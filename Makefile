@@ -1,5 +1,7 @@
 # make test  - create or reuse .venv, install (and Debian's chromium for the browser test), run the whole test suite
 # make demo  - create or reuse .venv, install, run the whole loop through Airflow on this machine, print a summary
+# make lint  - ruff (lint and format check) and mypy on tasks/: what `make test` runs first
+# make format - ruff's fixes and formatter over the tree
 # make up    - start the local stack (Airflow UI 127.0.0.1:8080, MLflow 127.0.0.1:5000) and keep it running
 PY ?= python3.11
 VENV := .venv
@@ -9,7 +11,7 @@ export RAY_TRAIN_V2_ENABLED := 1
 export RAY_USAGE_STATS_ENABLED := 0
 export PYTHONWARNINGS := ignore::FutureWarning,ignore::DeprecationWarning
 
-.PHONY: venv chromium test test-unit demo demo-cli serve up down bench clean
+.PHONY: venv chromium lint format test test-unit demo demo-cli serve up down bench clean
 
 venv: $(STAMP)
 
@@ -29,7 +31,17 @@ chromium:
 	  (apt-get update -qq && apt-get install -y -qq chromium chromium-driver >/dev/null) || \
 	  { echo "could not install chromium: run 'apt-get install chromium chromium-driver' as root"; exit 1; }; }
 
-test: venv chromium
+# seconds: the checks fail fast, before the half hour of tests (config: pyproject.toml [tool.ruff], [tool.mypy])
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+format: venv
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+test: venv lint chromium
 	$(VENV)/bin/python -m pytest -q --durations=30 tests
 
 test-unit: venv
