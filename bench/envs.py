@@ -63,7 +63,10 @@ def scripted_calls(task, wrong: bool) -> list[tuple[str, dict, bool]]:
         slip = [right[0].title(), right[1]]
 
     def args(values):
-        return {name: str(v) if spec["type"] == "string" else v for (name, spec), v in zip(props.items(), values)}
+        return {
+            name: str(v) if spec["type"] == "string" else v
+            for (name, spec), v in zip(props.items(), values, strict=True)
+        }
 
     name = tool["function"]["name"]
     return ([(name, args(slip), False)] if wrong else []) + [(name, args(right), True)]

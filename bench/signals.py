@@ -18,12 +18,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 def base_lines(n: int = 2000) -> list[bytes]:
     from tasks.signals.simulate import simulate_traces
 
-    start = datetime.now(timezone.utc) - timedelta(days=2)
+    start = datetime.now(UTC) - timedelta(days=2)
     with tempfile.TemporaryDirectory() as d:
         simulate_traces(d, start, start + timedelta(days=1), n, [(start, "1")], seed=3)
         import gzip

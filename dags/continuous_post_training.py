@@ -26,15 +26,13 @@ Everything it produced is in `runs/airflow/continuous_post_training/<run_id>/` a
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
-
 from airflow.sdk import AssetOrTimeSchedule, CronTriggerTimetable, Param, TaskGroup
 
 from operators.assets import RETRAIN_REQUEST, retrain_file_drop, retrain_queue, tool_change
 from operators.defaults import evergreen_dag, job_timeout
+from operators.pools import REGISTRY_POOL
 from operators.ray_cluster import RayClusterOperator
 from operators.ray_job import RayJobOperator
-from operators.pools import REGISTRY_POOL
 from operators.stages import StageBranchOperator, StageOperator
 from tasks.stages import evaluation, promotion, report, rollouts, signals, training
 

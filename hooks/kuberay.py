@@ -207,7 +207,7 @@ class KubeRayHook(OptionalConnectionHook):
             404: f"the RayCluster CRD or namespace {self.namespace!r} does not exist: install the KubeRay operator "
             "(helm install kuberay-operator kuberay/kuberay-operator) and create the namespace",
             422: "the API server rejected the manifest: fix the field it names (render_raycluster validates most)",
-        }.get(e.status, "see the message; `kubectl -n %s get events` may say more" % self.namespace)
+        }.get(e.status, f"see the message; `kubectl -n {self.namespace} get events` may say more")
         return KubeRayError(f"{what}: HTTP {e.status} {message}; {hint}")
 
     # -- RayCluster lifecycle ----------------------------------------------------------------------

@@ -9,7 +9,7 @@ plugins/templates/macros/charts.html draws them (and formats every label and too
 from __future__ import annotations
 
 import math
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 if __package__:  # plugins.evergreen_charts: the project root on sys.path (tests, uvicorn)
     from .evergreen_data import STATUS_LABEL, Run, dig, num, target_comparison
@@ -36,8 +36,8 @@ def _x_positions(n: int) -> list[float]:
 def _x_labels(runs: list[Run], xs: list[float]) -> list[dict]:
     every = max(1, math.ceil(len(runs) / MAX_X_LABELS))
     return [
-        {"x": round(x, 1), "text": datetime.fromtimestamp(r.sort_ts, timezone.utc).strftime("%m-%d %H:%M")}
-        for i, (r, x) in enumerate(zip(runs, xs))
+        {"x": round(x, 1), "text": datetime.fromtimestamp(r.sort_ts, UTC).strftime("%m-%d %H:%M")}
+        for i, (r, x) in enumerate(zip(runs, xs, strict=True))
         if (len(runs) - 1 - i) % every == 0
     ]  # the newest always
 
@@ -60,7 +60,7 @@ def success_chart(runs: list[Run]) -> dict:
     # dx: the two series sit side by side in each run's column, so equal rates do not hide each other
     for name, version_of, dx in (("champion", "champion_version", -5), ("challenger", "challenger_version", 5)):
         points, previous = [], object()
-        for (r, cmp_), x in zip(columns, xs):
+        for (r, cmp_), x in zip(columns, xs, strict=True):
             stat, version = getattr(cmp_, name), getattr(r.summary, version_of)
             mean, lo, hi = num(stat.mean), num(stat.low), num(stat.high)
             if mean is not None:
@@ -102,7 +102,7 @@ def cost_chart(runs: list[Run]) -> dict:
     width = max(2.0, min(48.0, slot * 0.6))
     xs = [PAD_L + slot * (i + 0.5) for i in range(len(priced))]
     bars = []
-    for (r, v), x in zip(priced, xs):
+    for (r, v), x in zip(priced, xs, strict=True):
         height = (v / top) * (Y0 - Y1)
         bars.append(
             {

@@ -23,16 +23,18 @@ from __future__ import annotations
 
 import functools
 import json
-from datetime import datetime, timezone
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 
 if __package__:  # plugins.evergreen_page: the project root on sys.path (tests, uvicorn)
-    from . import evergreen_charts as charts, evergreen_data as data
+    from . import evergreen_charts as charts
+    from . import evergreen_data as data
 else:  # evergreen_page: Airflow's plugins folder on sys.path
     import evergreen_charts as charts
     import evergreen_data as data
@@ -93,7 +95,7 @@ def plain(v: Any) -> Any:
 
 def when(v: Any) -> Any:
     ts = data.parse_ts(v)
-    return v if ts is None else datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return v if ts is None else datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def duration(v: Any) -> str:

@@ -19,14 +19,13 @@ import shutil
 import signal
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from scripts.stack import PROJECT, USER, Stack  # noqa: E402
-
-from tasks.stages.demo import DEMO_REFERENCE_DAYS  # noqa: E402
+from scripts.stack import PROJECT, USER, Stack
+from tasks.stages.demo import DEMO_REFERENCE_DAYS
 
 # the same demo settings as `python -m tasks demo` (tasks.stages.demo.demo_settings)
 DEMO_ENV = {"EVERGREEN_DRIFT__REFERENCE_DAYS": str(DEMO_REFERENCE_DAYS)}
@@ -85,7 +84,7 @@ def main() -> int:
         )
         for dag_id in ("continuous_post_training", "bootstrap_champion", "simulate_production"):
             client.unpause(dag_id)  # the retrain watchers only fire for an unpaused consumer
-        stack.password  # waits until the auth manager has written it
+        _ = stack.password  # waits until the auth manager has written it
         print(
             f"Airflow UI {stack.api_url} (user {USER}; password in {stack.password_file}); MLflow {stack.mlflow_url}",
             flush=True,
@@ -101,7 +100,7 @@ def main() -> int:
                 return 1
 
         t0 = time.time()
-        since = datetime.now(timezone.utc).isoformat()
+        since = datetime.now(UTC).isoformat()
         print("\ndrift_monitor: unpaused; its scheduled run checks yesterday against the day before", flush=True)
         client.unpause("drift_monitor")
         monitor = client.wait_for_run("drift_monitor", after=since, timeout=900)
@@ -133,7 +132,7 @@ def main() -> int:
             f"some task body computing {cost['compute_s']:.0f}s; overhead {cost['overhead_s']:.0f}s "
             f"({100 * (cost['overhead_share'] or 0):.0f}% of the run)"
         )
-        print(f"  phases: " + ", ".join(f"{k} {v:.0f}s" for k, v in phases.items()))
+        print("  phases: " + ", ".join(f"{k} {v:.0f}s" for k, v in phases.items()))
         print(f"  Airflow run: {stack.api_url}/dags/continuous_post_training/runs/{run['dag_run_id']}")
         print(f"  Evergreen page: {stack.api_url}/evergreen/   MLflow: {stack.mlflow_url}")
         print(f"  state kept in {home}: `make up` serves it again")

@@ -17,6 +17,7 @@ starts a head for each run and its teardown stops it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -29,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from scripts.airflow_api import ApiClient
-from tasks.net import free_port, port_busy
+from tasks.net import port_busy
 from tasks.processes import end_processes
 
 PROJECT = Path(__file__).resolve().parents[1]
@@ -142,7 +143,7 @@ class Stack:
 
     def _spawn(self, name: str, cmd: list[str], env: dict | None = None) -> None:
         self.commands[name] = (cmd, env)
-        log = open(self.home / "logs" / f"{name}.log", "ab")
+        log = open(self.home / "logs" / f"{name}.log", "ab")  # noqa: SIM115 (the service writes it while it runs)
         # its own session: stopping the stack signals the whole group (gunicorn / executor children too)
         self.procs[name] = subprocess.Popen(
             cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env() | (env or {}), cwd=PROJECT, start_new_session=True
@@ -164,7 +165,7 @@ class Stack:
                 time.sleep(1)
         raise TimeoutError(f"{name} not answering {url} after {timeout}s; see {self.home / 'logs' / (name + '.log')}")
 
-    def start(self, progress=print) -> "Stack":
+    def start(self, progress=print) -> Stack:
         for port, what in ((self.api_port, "Airflow api-server"), (self.mlflow_port, "MLflow")):
             if port_busy(port):
                 raise RuntimeError(
@@ -239,11 +240,9 @@ class Stack:
         pids = {name: p.pid for name, p in self.procs.items()}
         if not pids and (self.home / "pids").exists():
             pids = {f.stem: int(f.read_text()) for f in (self.home / "pids").glob("*.pid")}
-        for name, pid in pids.items():
-            try:
+        for pid in pids.values():
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                continue
         deadline = time.time() + 30
         for name, pid in pids.items():
             while time.time() < deadline:
@@ -253,10 +252,8 @@ class Stack:
                     break
                 time.sleep(0.5)
             else:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.killpg(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
             (self.home / "pids" / f"{name}.pid").unlink(missing_ok=True)
         self.procs = {}
         strays = self._end_strays()
@@ -305,7 +302,7 @@ class Stack:
                 continue
         return out
 
-    def __enter__(self) -> "Stack":
+    def __enter__(self) -> Stack:
         try:
             return self.start()
         except BaseException:
@@ -336,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
         "simulate_production",
     ):
         client.unpause(dag_id)  # a watcher on a paused DAG misses its events
-    stack.password  # waits until the auth manager has written it
+    _ = stack.password  # waits until the auth manager has written it
     print(
         f"\nAirflow UI: {stack.api_url}  (user {USER}; password in {stack.password_file})\n"
         f"Evergreen page: {stack.api_url}/evergreen/\nMLflow UI: {stack.mlflow_url}\n"

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 from airflow.triggers.base import BaseEventTrigger, TriggerEvent
 
@@ -68,7 +69,7 @@ class ToolChangeTrigger(BaseEventTrigger):
             while True:
                 try:
                     diff = await asyncio.to_thread(self._diff)
-                except Exception as e:  # noqa: BLE001 - the watched service may be down; keep watching
+                except Exception as e:
                     log.warning(
                         "tool source %s: cannot read or diff it (%s: %s); retrying in %.0fs",
                         self.source,
@@ -109,7 +110,7 @@ class _Notifications:
         if not self.unsupported and self.backend is None:
             try:
                 await self._subscribe()
-            except Exception as e:  # noqa: BLE001 - no notifications: poll
+            except Exception as e:
                 log.info("tool source %s: no tools/list_changed notifications (%s); polling", self.source, e)
                 await self.close()
                 self.unsupported = True

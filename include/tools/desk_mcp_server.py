@@ -36,9 +36,9 @@ from mcp.server.stdio import stdio_server
 from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: run as a plain script
-from tasks.envs.base import ToolError  # noqa: E402
-from tasks.envs.desk import STRICT_FROM_VERSION, DeskService, _tool_bindings  # noqa: E402
-from tasks.envs.toolset import load_toolset  # noqa: E402
+from tasks.envs.base import ToolError
+from tasks.envs.desk import STRICT_FROM_VERSION, DeskService, _tool_bindings
+from tasks.envs.toolset import load_toolset
 
 HANDLER_META = "evergreen/handler"  # a tool's x-evergreen-handler, carried in its _meta
 VERSION_META = "evergreen/toolset_version"  # the toolset's version, in the tools/list result's _meta

@@ -35,7 +35,7 @@ def tool_server(tmp_path_factory):
     served = tmp_path_factory.mktemp("tools") / "served.json"
     shutil.copy(TOOLS / "registry_v1.json", served)
     port = free_port()
-    log = open(served.with_suffix(".log"), "w")
+    log = open(served.with_suffix(".log"), "w")  # noqa: SIM115 (the server's log, open while it runs)
     proc = subprocess.Popen(
         [
             sys.executable,

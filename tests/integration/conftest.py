@@ -97,7 +97,7 @@ def s3(tmp_path_factory):
     import boto3
 
     port = free_port()
-    log = open(tmp_path_factory.mktemp("moto") / "moto.log", "w")
+    log = open(tmp_path_factory.mktemp("moto") / "moto.log", "w")  # noqa: SIM115 (the server's log, open while it runs)
     proc = subprocess.Popen(
         [str(Path(sys.executable).with_name("moto_server")), "-H", "127.0.0.1", "-p", str(port)],
         stdout=log,
@@ -119,9 +119,9 @@ def s3(tmp_path_factory):
             try:
                 socket.create_connection(("127.0.0.1", port), timeout=1).close()
                 break
-            except OSError:
+            except OSError as e:
                 if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"moto_server did not start on {endpoint}; see {log.name}")
+                    raise RuntimeError(f"moto_server did not start on {endpoint}; see {log.name}") from e
                 time.sleep(0.2)
         client = boto3.client("s3", endpoint_url=endpoint)
         client.secret_for_tests = env["AWS_SECRET_ACCESS_KEY"]  # for the no-credential-leak checks
@@ -169,7 +169,7 @@ def mlflow_server(s3, tmp_path_factory):
     s3.create_bucket(Bucket="mlflow-artifacts")
     port = free_port()
     uri = f"http://127.0.0.1:{port}"
-    log = open(home / "server.log", "w")
+    log = open(home / "server.log", "w")  # noqa: SIM115 (the server's log, open while it runs)
     from scripts.stack import MLFLOW_SERVER_ENV
 
     env = {**os.environ, "MLFLOW_S3_ENDPOINT_URL": os.environ["EVERGREEN_S3_ENDPOINT_URL"], **MLFLOW_SERVER_ENV}

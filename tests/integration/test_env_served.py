@@ -24,7 +24,7 @@ V2 = ROOT / "include" / "tools" / "registry_v2.json"
 @pytest.fixture(scope="module")
 def resources_url(tmp_path_factory):
     port = free_port()
-    log = open(tmp_path_factory.mktemp("resources") / "server.log", "w")
+    log = open(tmp_path_factory.mktemp("resources") / "server.log", "w")  # noqa: SIM115 (the server's log, open while it runs)
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -140,7 +140,9 @@ def test_rollouts_a_grpo_step_and_an_eval_through_the_served_tools(served_env, c
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     metrics = grpo_step(model, opt, records, settings, worker.chat.pad_id)
     assert metrics["episodes"] == 4
-    assert metrics["episodes_trained"] == 0 or any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert metrics["episodes_trained"] == 0 or any(
+        not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True)
+    )
 
     table = worker.score_attempts([task.to_dict()], samples=2, temperature=1.0, seed=0, first_index=0)
     assert table[0]["greedy_success"] == 1.0, table[0]  # greedy repeats the taught call; the server answers it

@@ -214,13 +214,15 @@ def test_junk_responses_are_bad_response():
 
 
 def test_slow_call_times_out_and_nothing_answers_unreachable(tmp_path):
-    with resources_server(tmp_path, None, "--latency-ms", "3000") as (url, _):
-        with ResourcesServerBackend(url, timeout=0.5) as backend:
-            session = backend.open_session(v2_task("calc"))
-            assert backend.run(session.aseed()) is None  # seeding is not slowed, only tool calls
-            start = time.monotonic()
-            result = session.call(*solving_args(v2_task("calc")))
-            assert result.is_error and result.fault == "timeout" and time.monotonic() - start < 2.5
+    with (
+        resources_server(tmp_path, None, "--latency-ms", "3000") as (url, _),
+        ResourcesServerBackend(url, timeout=0.5) as backend,
+    ):
+        session = backend.open_session(v2_task("calc"))
+        assert backend.run(session.aseed()) is None  # seeding is not slowed, only tool calls
+        start = time.monotonic()
+        result = session.call(*solving_args(v2_task("calc")))
+        assert result.is_error and result.fault == "timeout" and time.monotonic() - start < 2.5
     with ResourcesServerBackend(f"http://127.0.0.1:{free_port()}", timeout=2.0) as backend:
         result = backend.open_session(None).call("calculate", {})
         assert result.fault == "unreachable"  # never seeded: nothing listens there

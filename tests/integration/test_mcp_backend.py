@@ -201,14 +201,16 @@ def test_a_server_that_is_down_is_unreachable(served):
 
 
 def test_a_dead_stdio_server_loses_the_episode_and_is_restarted_when_shared(stdio_server):
-    with stdio_server.new_backend(timeout=2.0, stateless=False) as backend:  # one server per episode
-        with backend.open_session() as session:
-            before = set(server_pids(stdio_server.toolset))
-            assert session.call("calculate", ADD).text == "5"
-            (pid,) = set(server_pids(stdio_server.toolset)) - before  # this episode's server
-            os.kill(pid, signal.SIGKILL)
-            assert session.call("calculate", ADD).fault == "session_lost"
-            assert session.call("calculate", ADD).fault == "session_lost"  # its state is gone for good
+    with (
+        stdio_server.new_backend(timeout=2.0, stateless=False) as backend,  # one server per episode
+        backend.open_session() as session,
+    ):
+        before = set(server_pids(stdio_server.toolset))
+        assert session.call("calculate", ADD).text == "5"
+        (pid,) = set(server_pids(stdio_server.toolset)) - before  # this episode's server
+        os.kill(pid, signal.SIGKILL)
+        assert session.call("calculate", ADD).fault == "session_lost"
+        assert session.call("calculate", ADD).fault == "session_lost"  # its state is gone for good
     with stdio_server.new_backend(timeout=2.0) as backend:  # shared: a dead server is started again
         pid = stdio_server.pid(backend)
         session = backend.open_session()

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -111,7 +111,7 @@ def test_mlflow_traces_of_a_window_are_exported_and_ingested(mlflow_server, tmp_
     mlflow.set_tracking_uri(mlflow_server.uri)
     experiment = f"agent-prod-{uuid.uuid4().hex[:8]}"
     exp_id = mlflow.MlflowClient().create_experiment(experiment)
-    now = datetime.now(timezone.utc).replace(microsecond=0)
+    now = datetime.now(UTC).replace(microsecond=0)
     window = Window(now - timedelta(hours=1), now + timedelta(minutes=1))
     model = {"model_name": "evergreen-agent", "model_version": "5"}
     ids = {
@@ -191,7 +191,7 @@ def test_export_pages_and_counts(mlflow_server, tmp_path):
     mlflow.set_tracking_uri(mlflow_server.uri)
     experiment = f"agent-paging-{uuid.uuid4().hex[:8]}"
     exp_id = mlflow.MlflowClient().create_experiment(experiment)
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     for i in range(5):
         _episode(mlflow, exp_id, now - timedelta(minutes=10 - i), i, {"workload": "calc", "success": "true"})
     mlflow.flush_trace_async_logging()

@@ -26,12 +26,12 @@ import pytest
 os.environ.setdefault("AIRFLOW_HOME", "/tmp/eg-rayjob-airflow")
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 
-import structlog.testing  # noqa: E402
-from airflow.sdk.exceptions import AirflowException, TaskDeferred  # noqa: E402
+import structlog.testing
+from airflow.sdk.exceptions import AirflowException, TaskDeferred
 
-from hooks.ray_jobs import RayJobHook, job_ended  # noqa: E402
-from operators.ray_job import RayJobOperator, default_submission_id  # noqa: E402
-from triggers.ray_job import RayJobTrigger  # noqa: E402
+from hooks.ray_jobs import RayJobHook, job_ended
+from operators.ray_job import RayJobOperator, default_submission_id
+from triggers.ray_job import RayJobTrigger
 
 pytestmark = pytest.mark.integration
 
@@ -295,7 +295,7 @@ def test_wrong_token_is_refused_without_echoing_it(cluster):
     wrong = secrets.token_hex(16)
     with pytest.raises(AuthenticationError) as err:
         RayJobHook(cluster["dashboard_url"], {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": wrong}).get_conn()
-    real = open(cluster["env"]["RAY_AUTH_TOKEN_PATH"]).read().strip()
+    real = Path(cluster["env"]["RAY_AUTH_TOKEN_PATH"]).read_text().strip()
     assert wrong not in str(err.value) and real not in str(err.value)
     assert real not in repr(RayJobHook.from_cluster(cluster))
     with pytest.raises(ValueError, match="RAY_AUTH_TOKEN_PATH"):

@@ -28,7 +28,7 @@ def test_batch_of_64_episodes_on_two_actors(pool, tmp_path):
         assert len(r["completion_ids"]) == len(r["completion_mask"]) == len(r["logprobs"])
         assert 0.0 <= r["reward"] <= 1.0 and set(r["components"]) == {"format", "call_validity", "correct"}
         # sampled tokens carry real (negative) logprobs, context tokens carry none
-        model_lps = [lp for lp, m in zip(r["logprobs"], r["completion_mask"]) if m]
+        model_lps = [lp for lp, m in zip(r["logprobs"], r["completion_mask"], strict=True) if m]
         assert model_lps and all(lp <= 0 for lp in model_lps) and any(lp < 0 for lp in model_lps)
     pids = {s.split("-")[-1] for s in map(str, tmp_path.glob("step-*/shard-*.jsonl"))}
     assert len(pids) == 4  # two shards per actor
@@ -77,12 +77,12 @@ def test_weight_sync_matches_hf_generate_token_for_token(pool, settings, tmp_pat
     }
     episodes = [new_episode(t, tok, **limits) for t in tasks]
     hf.run_episodes(episodes, Sampling(temperature=0.0))
-    for ep, rec in zip(episodes, records):
+    for ep, rec in zip(episodes, records, strict=True):
         assert rec["prompt_ids"] + rec["completion_ids"] == ep.token_ids, f"engine and HF differ on {rec['task_id']}"
     # and the sampled-token logprobs agree with the trainer's forward pass
-    for ep, rec in zip(episodes, records):
-        hf_lps = [lp for lp, m in zip(ep.logprobs, ep.loss_mask) if m]
-        eng_lps = [lp for lp, m in zip(rec["logprobs"], rec["completion_mask"]) if m]
+    for ep, rec in zip(episodes, records, strict=True):
+        hf_lps = [lp for lp, m in zip(ep.logprobs, ep.loss_mask, strict=True) if m]
+        eng_lps = [lp for lp, m in zip(rec["logprobs"], rec["completion_mask"], strict=True) if m]
         assert torch.allclose(torch.tensor(hf_lps), torch.tensor(eng_lps), atol=1e-3)
 
 
@@ -126,7 +126,10 @@ def test_killing_an_actor_mid_batch_loses_and_duplicates_nothing(pool, tmp_path,
     assert replaced == [0], "the dead actor's shard was lost and its replacement ran it"
     assert ray.get(pool.actors[0].info.remote())["pid"] != victim_pid, "the dead actor was not replaced"
     assert len(records) == 128
-    key = lambda r: (r["task_index"], r["rollout_index"], r["policy_version"])
+
+    def key(r):
+        return (r["task_index"], r["rollout_index"], r["policy_version"])
+
     assert [key(r) for r in records] == [key(r) for r in reference]
     # per-episode seeds: the rerun shard reproduces the lost records exactly
     assert [r["completion_ids"] for r in records] == [r["completion_ids"] for r in reference]

@@ -103,7 +103,7 @@ def test_rollouts_on_vllm_and_hf_generate(champion, backend):
         assert prompt.startswith("<|im_start|>system\n") and prompt.endswith("<|im_start|>assistant\n")
         assert "<tools>" in prompt and e.tools[0]["function"]["name"] in prompt
         assert len(e.token_ids) == len(e.loss_mask) == len(e.logprobs) <= 1024
-        assert all(lp <= 0 for lp, m in zip(e.logprobs, e.loss_mask) if m)
+        assert all(lp <= 0 for lp, m in zip(e.logprobs, e.loss_mask, strict=True) if m)
 
 
 def test_grpo_weight_sync_eval_and_the_registry_round_trip(champion, ray_head, mlflow_server, tmp_path):

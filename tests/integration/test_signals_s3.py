@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -11,7 +11,7 @@ import torch
 
 pytestmark = pytest.mark.integration
 
-START = datetime(2026, 11, 20, tzinfo=timezone.utc)
+START = datetime(2026, 11, 20, tzinfo=UTC)
 
 
 def _upload_dir(s3, local: Path, bucket: str, prefix: str) -> None:
@@ -105,7 +105,7 @@ def test_load_model_from_s3_prefix(s3, tmp_path):
         tok2.tokenizer.get_vocab() == tok.tokenizer.get_vocab()
         and json.loads((directory / "tool_registry.json").read_text())["version"] == "1"
     )
-    for (name, a), (_, b) in zip(model.state_dict().items(), loaded.state_dict().items()):
+    for (name, a), (_, b) in zip(model.state_dict().items(), loaded.state_dict().items(), strict=True):
         assert torch.equal(a, b), name
     with pytest.raises(FileNotFoundError, match="no objects under"):
         load_model("s3://models/evergreen-agent/v404", cache_dir=tmp_path / "c2")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -13,7 +13,7 @@ def test_model_traces_through_vllm_pass_ingestion(tiny_model, settings, tmp_path
     from tasks.signals.ingest import ingest
     from tasks.signals.simulate import simulate_traces
 
-    start = datetime(2026, 11, 20, tzinfo=timezone.utc)
+    start = datetime(2026, 11, 20, tzinfo=UTC)
     manifest = simulate_traces(
         tmp_path / "traces",
         start,
@@ -34,7 +34,7 @@ def test_an_engine_builds_in_a_process_that_loaded_flask(tiny_model):
     """Airflow and MLflow load Flask, whose module-level proxies (current_app, g, request) raise
     RuntimeError on hasattr() outside an app context; vLLM's module scan at engine build used to trip on
     them (tasks.policy.backends._unbound_proxies_hidden)."""
-    import flask.globals  # noqa: F401 - the proxies under test
+    import flask.globals
 
     from tasks.policy.backends import VLLMBackend
 

@@ -3,6 +3,7 @@ retries with backoff, then a clean failure with no partial object; sha256 checke
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import threading
@@ -49,10 +50,8 @@ class CuttingProxy:
         except OSError:
             pass
         for s in (src, dst):
-            try:
+            with contextlib.suppress(OSError):
                 s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
             s.close()
 
     def close(self):

@@ -51,7 +51,7 @@ VALIDATED = ("--set", "grpo.validation_tasks=10")  # the checkpoint choice acros
 
 def test_killed_training_resumes_from_checkpoint_and_ends_at_same_step(ray_head, tiny_model, tmp_path):
     run_dir = tmp_path / "grpo"
-    log = open(tmp_path / "first.log", "w")
+    log = open(tmp_path / "first.log", "w")  # noqa: SIM115 (the server's log, open while it runs)
     first = subprocess.Popen(
         _train_cmd(tiny_model, run_dir, *VALIDATED),
         env=_env(ray_head),
@@ -68,7 +68,7 @@ def test_killed_training_resumes_from_checkpoint_and_ends_at_same_step(ray_head,
         time.sleep(0.5)
     os.killpg(first.pid, signal.SIGKILL)  # the driver and everything it started locally
     first.wait()
-    steps_before = [json.loads(l)["step"] for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps_before = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert 2 in steps_before and max(steps_before) < 4
 
     second = subprocess.run(
@@ -83,7 +83,7 @@ def test_killed_training_resumes_from_checkpoint_and_ends_at_same_step(ray_head,
     assert "resuming GRPO from" in second.stderr
     state = json.loads((run_dir / "checkpoints" / "step-000004" / "state.json").read_text())
     assert state["step"] == 4
-    steps_after = [json.loads(l)["step"] for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps_after = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert steps_after[-1] == 4 and set(steps_after) == {1, 2, 3, 4}
     assert "resuming GRPO from" in second.stderr and "step 2 of 4" in second.stderr
     assert (run_dir / "model" / "model.safetensors").exists()
@@ -113,7 +113,10 @@ def test_killed_training_resumes_from_checkpoint_and_ends_at_same_step(ray_head,
     assert resumed.keys() == uninterrupted.keys()
     worst = max(float((resumed[k] - uninterrupted[k]).abs().max()) for k in resumed)
     assert worst <= 1e-6, f"resumed weights differ from an uninterrupted run's by up to {worst}"
-    metrics = lambda d: [json.loads(l) for l in (d / "metrics.jsonl").read_text().splitlines()]  # noqa: E731
+
+    def metrics(d):
+        return [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
+
     for a, b in zip(metrics(run_dir), metrics(straight), strict=True):
         assert (a["step"], a["reward_mean"], a["trained_tokens"]) == (b["step"], b["reward_mean"], b["trained_tokens"])
 

@@ -678,7 +678,7 @@ def test_parameters_set_the_thresholds(validator):
     assert _failed(validator, "traces", frame, {"window_start": 0.0, "future_limit": 4_000.0}) == []
     [msg] = _failed(validator, "traces", frame, {"window_start": 0.0, "future_limit": 3_500.0})
     assert (
-        "expect_column_values_to_be_between(ts; max_value=3500.0): observed 4000.0 (timestamp is in the future)" == msg
+        msg == "expect_column_values_to_be_between(ts; max_value=3500.0): observed 4000.0 (timestamp is in the future)"
     )
     [msg] = _failed(validator, "traces", frame, {"window_start": 1_500.0, "future_limit": 9e9})
     assert "(ts; min_value=1500.0): observed 1000.0 (timestamp is before the window)" in msg

@@ -94,9 +94,9 @@ def test_loss_mask_is_one_exactly_on_completion_tokens():
     assert first_prompt[-1] == TOK.tokenizer.convert_tokens_to_ids("<|assistant|>")
     assert ep.token_ids[: len(first_prompt)] == first_prompt
     assert ep.token_ids[len(first_prompt) : len(first_prompt) + len(c1)] == c1
-    masked_in = TOK.decode([t for t, m in zip(ep.token_ids, ep.loss_mask) if m])
+    masked_in = TOK.decode([t for t, m in zip(ep.token_ids, ep.loss_mask, strict=True) if m])
     assert masked_in == call("lookup", city="kyoto", field="population") + EOS + "1463723" + EOS
-    masked_out = TOK.decode([t for t, m in zip(ep.token_ids, ep.loss_mask) if not m])
+    masked_out = TOK.decode([t for t, m in zip(ep.token_ids, ep.loss_mask, strict=True) if not m])
     assert masked_out.endswith("<|assistant|><|tool|>1463723" + EOS + "<|assistant|>")
     assert "What is the population of Kyoto?" in masked_out
     assert TOK.decode(ep.token_ids) == TOK.decode(first_prompt) + TOK.decode(
@@ -111,7 +111,7 @@ def test_a_call_the_template_would_render_differently_is_counted_and_kept_as_gen
     ids = turn(ep, spaced)
     assert tool_message(ep) == "1463723"  # parsed and answered all the same
     assert ep.template_mismatches == 1
-    assert TOK.decode([t for t, m in zip(ep.token_ids, ep.loss_mask) if m]) == TOK.decode(ids)
+    assert TOK.decode([t for t, m in zip(ep.token_ids, ep.loss_mask, strict=True) if m]) == TOK.decode(ids)
     assert TOK.decode(ep.token_ids).endswith(spaced + EOS + "<|tool|>1463723" + EOS + "<|assistant|>")
 
 
@@ -119,8 +119,8 @@ def test_logprobs_land_on_completion_tokens():
     ep = new_episode(V1[3], TOK)
     ids = TOK.encode("111") + [EOS_ID]
     ep.add_completion(ids, [-1.0, -2.0, -3.0, -4.0])
-    assert [lp for lp, m in zip(ep.logprobs, ep.loss_mask) if m] == [-1.0, -2.0, -3.0, -4.0]
-    assert all(lp == 0.0 for lp, m in zip(ep.logprobs, ep.loss_mask) if not m)
+    assert [lp for lp, m in zip(ep.logprobs, ep.loss_mask, strict=True) if m] == [-1.0, -2.0, -3.0, -4.0]
+    assert all(lp == 0.0 for lp, m in zip(ep.logprobs, ep.loss_mask, strict=True) if not m)
 
 
 # ---------------------------------------------------------------- malformed outputs
@@ -190,7 +190,7 @@ def test_empty_completion_ends_the_episode():
 
 def test_endless_tool_calls_end_after_max_turns():
     ep = new_episode(V1[5], TOK)
-    for i in range(4):
+    for _ in range(4):
         assert not ep.done
         turn(ep, call("lookup", city="oslo", field="elevation"))
         assert tool_message(ep) == "23"
@@ -272,7 +272,10 @@ def test_a_failing_tool_does_not_raise():
 def test_non_finite_numbers_do_not_raise(value):
     ep = new_episode(V1[1], TOK)
     turn(
-        ep, '<tool_call>{"name":"convert","arguments":{"value":%s,"from_unit":"km","to_unit":"cm"}}</tool_call>' % value
+        ep,
+        '<tool_call>{"name":"convert","arguments":{"value":'
+        + str(value)
+        + ',"from_unit":"km","to_unit":"cm"}}</tool_call>',
     )
     assert not ep.done
     assert tool_message(ep).startswith("error: ")

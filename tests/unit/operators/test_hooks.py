@@ -62,9 +62,9 @@ def test_hooks_declare_their_connection_like_a_provider(hook_cls, conn_type, def
 def test_provider_info_matches_airflows_schema_and_the_hooks():
     import importlib
 
+    import airflow
     import jsonschema
 
-    import airflow
     from hooks.provider_info import get_provider_info
 
     info = get_provider_info()
@@ -224,7 +224,7 @@ def test_kuberay_connection_extra_and_explicit_arguments(no_ray_conns, tmp_path)
 # RayClusterOperator: one strategy class per backend
 # --------------------------------------------------------------------------------------------------
 def test_each_backend_is_a_strategy_chosen_by_name():
-    assert CLUSTER_BACKENDS == {"local": LocalCluster, "address": AddressCluster, "kuberay": KubeRayCluster}
+    assert {"local": LocalCluster, "address": AddressCluster, "kuberay": KubeRayCluster} == CLUSTER_BACKENDS
     op = RayClusterOperator(task_id="setup", action="setup", num_cpus=2, kuberay_conn_id="kube_prod")
     for name, cls in CLUSTER_BACKENDS.items():
         backend = op.cluster_backend(name)

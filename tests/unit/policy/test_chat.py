@@ -46,7 +46,7 @@ def test_running_ids_are_the_templates_rendering_of_the_whole_conversation(chat)
         assert chat.decode(whole[len(ep.token_ids) :]).strip() == ""  # at most the template's newline after EOS
         assert ep.template_mismatches == 0
         # the policy's own tokens are exactly its turns: the call and the answer, each ending on the stop token
-        own = [t for t, m in zip(ep.token_ids, ep.loss_mask) if m]
+        own = [t for t, m in zip(ep.token_ids, ep.loss_mask, strict=True) if m]
         assert sum(t in chat.stop_ids for t in own) == ep.turns == 2
 
 
@@ -87,7 +87,7 @@ def test_a_template_that_rewrites_earlier_turns_is_counted_and_training_keeps_th
     assert ep.messages[-1]["content"] == "1463723" and ep.template_mismatches == 1
     ep.add_completion(chat.encode("1463723") + [chat.eos_id])
     assert ep.score()["success"]
-    own = [t for t, m in zip(ep.token_ids, ep.loss_mask) if m]
+    own = [t for t, m in zip(ep.token_ids, ep.loss_mask, strict=True) if m]
     assert own[: len(generated)] == generated and "<think>kyoto" in chat.decode(ep.token_ids)
 
 

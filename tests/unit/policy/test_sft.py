@@ -1,6 +1,7 @@
 """The bootstrap's SFT step (tasks/policy/sft.py): length-sorted micro-batches, the learning-rate schedule."""
 
 import copy
+import itertools
 
 import pytest
 import torch
@@ -27,7 +28,7 @@ def test_micro_batches_give_the_one_tensor_loss_and_gradient(micro_batches):
     sliced_loss = demonstration_backward(sliced, batch, tok.pad_id, micro_batches)
 
     assert sliced_loss == pytest.approx(loss.item(), rel=1e-5)
-    for g_whole, g_sliced in zip(_gradients(whole), _gradients(sliced)):
+    for g_whole, g_sliced in zip(_gradients(whole), _gradients(sliced), strict=True):
         torch.testing.assert_close(g_sliced, g_whole, rtol=1e-4, atol=1e-6)
 
 
@@ -45,7 +46,7 @@ def test_lr_schedule_warms_up_holds_then_decays_to_a_tenth():
     assert lr_factor(49, total) == 1.0
     assert all(lr_factor(s, total) == 1.0 for s in range(50, 700))  # held until 70 %
     tail = [lr_factor(s, total) for s in range(700, total)]
-    assert all(a >= b for a, b in zip(tail, tail[1:]))  # then only down
+    assert all(a >= b for a, b in itertools.pairwise(tail))  # then only down
     assert tail[-1] == pytest.approx(0.1, abs=1e-4)
 
 
@@ -56,14 +57,14 @@ def test_recovery_demonstrations_show_a_refused_slip_then_the_trained_correction
     plain = demonstration_batch("desk", chat, 40, seed=3, max_len=512)
     assert demonstration_batch("desk", chat, 40, seed=3, max_len=512, recovery=0.0) == plain  # 0: as before
     mixed = demonstration_batch("desk", chat, 40, seed=3, max_len=512, recovery=0.5)
-    recovered = [(ids, mask, p) for (ids, mask), p in zip(mixed, plain) if ids != p[0]]
+    recovered = [(ids, mask, p) for (ids, mask), p in zip(mixed, plain, strict=True) if ids != p[0]]
     assert 10 <= len(recovered) <= 30  # about half
     for ids, mask, (plain_ids, plain_mask) in recovered:
         text = chat.decode(ids)
         assert text.count("<tool_call>") == 2 and "<|tool|>error: " in text
-        trained = chat.decode([i for i, m in zip(ids, mask) if m])
+        trained = chat.decode([i for i, m in zip(ids, mask, strict=True) if m])
         # the slipped call is out of the loss: what is trained is what the plain demonstration trains
-        assert trained == chat.decode([i for i, m in zip(plain_ids, plain_mask) if m])
+        assert trained == chat.decode([i for i, m in zip(plain_ids, plain_mask, strict=True) if m])
 
 
 def flaky_environment():

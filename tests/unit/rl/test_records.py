@@ -32,7 +32,7 @@ def test_write_shard_creates_parent_and_writes_jsonl(tmp_path):
     path = write_shard(tmp_path / "step-3" / "shard-0.jsonl", [_rec(0, 0), _rec(0, 1)])
     assert path == tmp_path / "step-3" / "shard-0.jsonl"
     lines = path.read_text().splitlines()
-    assert [json.loads(l) for l in lines] == [_rec(0, 0), _rec(0, 1)]
+    assert [json.loads(line) for line in lines] == [_rec(0, 0), _rec(0, 1)]
 
 
 def test_retried_shard_is_not_duplicated(tmp_path):

@@ -34,7 +34,7 @@ def _records(tok, n_groups=3, group=4):
                     "prompt_ids": torch.randint(9, len(tok.tokenizer), (n_p,), generator=g).tolist(),
                     "completion_ids": comp,
                     "completion_mask": mask,
-                    "logprobs": [lp if m else 0.0 for lp, m in zip(engine, mask)],
+                    "logprobs": [lp if m else 0.0 for lp, m in zip(engine, mask, strict=True)],
                 }
             )
     return recs
@@ -59,7 +59,7 @@ def test_micro_batches_give_the_same_update_as_one_batch():
     m2 = grpo_step(other, torch.optim.SGD(other.parameters(), lr=0.1), recs, s_many, tok.pad_id)
     assert m2["micro_batches"] > m1["micro_batches"] == 1
     assert abs(m1["loss"] - m2["loss"]) < 1e-6 and m1["trained_tokens"] == m2["trained_tokens"]
-    for p, q in zip(model.parameters(), other.parameters()):
+    for p, q in zip(model.parameters(), other.parameters(), strict=True):
         assert torch.allclose(p, q, atol=1e-6)
 
 
@@ -139,9 +139,9 @@ def test_demonstration_term_joins_the_update_with_its_weight():
     off, m_off = updated(demo_coef=0.0)
     mixed, m_mix = updated(demo_coef=1.0)
     assert "demo_nll" not in m0 and "demo_nll" not in m_off and m_mix["demo_nll"] > 0
-    assert all(torch.equal(p, q) for p, q in zip(plain.parameters(), off.parameters()))
+    assert all(torch.equal(p, q) for p, q in zip(plain.parameters(), off.parameters(), strict=True))
     # SGD: the mixed update is the plain one plus lr * the demonstrations' gradient
-    moved = sum(float((p - q).abs().sum()) for p, q in zip(mixed.parameters(), plain.parameters()))
+    moved = sum(float((p - q).abs().sum()) for p, q in zip(mixed.parameters(), plain.parameters(), strict=True))
     assert moved > 1e-3
 
 
@@ -177,7 +177,7 @@ def test_update_runs_where_the_model_lives(device):
     )
     assert all(p.device.type == device for p in on_device.parameters())
     assert abs(m_dev["loss"] - m_cpu["loss"]) < 1e-4 and abs(m_dev["demo_nll"] - m_cpu["demo_nll"]) < 1e-4
-    for p, q in zip(on_device.parameters(), cpu_model.parameters()):
+    for p, q in zip(on_device.parameters(), cpu_model.parameters(), strict=True):
         assert torch.allclose(p.cpu(), q, atol=1e-4)
 
 
@@ -213,7 +213,7 @@ def test_one_minibatch_update_equals_the_update_with_a_separate_old_pass():
     with torch.no_grad():
         for p in reference.parameters():
             p -= 0.1 * p.grad
-    for p, q in zip(model.parameters(), reference.parameters()):
+    for p, q in zip(model.parameters(), reference.parameters(), strict=True):
         assert torch.allclose(p, q, atol=1e-6)
 
 
@@ -234,7 +234,7 @@ def test_kl_holds_a_saturated_guard_group():
     assert metrics["episodes_trained"] == 0 and metrics["episodes_in_loss"] == 4
     assert metrics["loss"] > 1e-3 and metrics["kl"] > 1e-3
     assert metrics["trained_tokens"] == sum(sum(r["completion_mask"]) for r in guard)
-    moved = sum(float((p - q).abs().sum()) for p, q in zip(m.parameters(), model.parameters()))
+    moved = sum(float((p - q).abs().sum()) for p, q in zip(m.parameters(), model.parameters(), strict=True))
     assert moved > 1e-4  # towards the reference
 
 
@@ -264,7 +264,7 @@ def test_update_logs_kl_ratio_and_engine_gap_token_weighted():
         with torch.no_grad():
             logp = sequence_token_logprobs(model, ids, attn)[0]
         engine = torch.tensor([0.0] * len(r["prompt_ids"]) + r["logprobs"])[1:]
-        diffs += [abs(float(a - b)) for a, b, k in zip(logp, engine, mask[0]) if k]
+        diffs += [abs(float(a - b)) for a, b, k in zip(logp, engine, mask[0], strict=True) if k]
     assert m["engine_logp_gap_mean"] == pytest.approx(sum(diffs) / len(diffs), rel=1e-4)
     assert m["engine_logp_gap_max"] == pytest.approx(max(diffs), rel=1e-4)
     s2 = _settings(minibatches=2)
@@ -292,7 +292,7 @@ def test_truncated_importance_sampling_changes_the_update_only_when_on():
         )
         with torch.no_grad():
             logp = sequence_token_logprobs(model, ids, attn)[0].tolist()[len(r["prompt_ids"]) - 1 :]
-        r["logprobs"] = [lp if k else 0.0 for lp, k in zip(logp, r["completion_mask"])]
+        r["logprobs"] = [lp if k else 0.0 for lp, k in zip(logp, r["completion_mask"], strict=True)]
     assert torch.allclose(updated(), updated(engine_is_cap=2.0), atol=1e-6)
 
 
@@ -348,8 +348,8 @@ def test_two_gloo_workers_make_the_same_update_as_one(tmp_path):
     for world in (1, 2):
         mp.spawn(_worker_update, args=(world, free_port(), str(tmp_path), 5), nprocs=world, join=True)
     one, two = torch.load(tmp_path / "world1.pt"), torch.load(tmp_path / "world2.pt")
-    for p, q in zip(one["params"], two["params"]):
+    for p, q in zip(one["params"], two["params"], strict=True):
         assert torch.allclose(p, q, atol=1e-5), float((p - q).abs().max())
-    for a, b in zip(one["metrics"], two["metrics"]):
+    for a, b in zip(one["metrics"], two["metrics"], strict=True):
         for key in ("loss", "grad_norm", "kl", "trained_tokens", "demo_nll", "engine_logp_gap_mean", "engine_k3"):
             assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), key

@@ -135,7 +135,7 @@ def shifted_params(statistic: str, s: DriftSettings) -> dict:
 
 
 def _hist(values, counts) -> Counter:
-    return Counter({v: int(c) for v, c in zip(values, counts) if c})
+    return Counter({v: int(c) for v, c in zip(values, counts, strict=True) if c})
 
 
 def synthetic_window(rng: np.random.Generator, params: dict, n: int = N, workload: str = "calc") -> WindowStats:

@@ -23,28 +23,30 @@ import base64
 import copy
 import gzip
 import json
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 from functools import cache
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
+from tasks import storage
 from tasks.config import load_settings
 from tasks.data.validation import BatchValidationError
-from tasks import storage
 from tasks.signals import rows as rows_mod
 from tasks.signals.ingest import ingest
 from tasks.signals.rows import RowParser
 from tasks.signals.traces import IngestError, Window, select_files
 
 WORKLOADS = ("calc", "convert", "lookup")
-T0 = datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc)  # the valid rows' timestamps start here
-NOW = datetime(2026, 12, 1, tzinfo=timezone.utc)  # passed as `now=` to every ingest below
+T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)  # the valid rows' timestamps start here
+NOW = datetime(2026, 12, 1, tzinfo=UTC)  # passed as `now=` to every ingest below
 
 
 def rfc3339(t: datetime) -> str:
-    return t.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")
+    return t.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
 def make_trace(
@@ -439,7 +441,7 @@ def test_missing_required_workload_fails_naming_it(tmp_path):
 
 def test_rows_outside_the_window_are_counted_and_neither_accepted_nor_quarantined(tmp_path):
     window = Window.parse("2026-11-30T00:00:00Z/2026-12-01T00:00:00Z")
-    now = datetime(2026, 12, 2, 12, tzinfo=timezone.utc)
+    now = datetime(2026, 12, 2, 12, tzinfo=UTC)
     start, end = window.start, window.end
     inside = [make_trace(i, when=start + timedelta(minutes=i)) for i in range(6)]
     inside.append(make_trace(6, when=start))  # start is inside: [start, end)
@@ -470,7 +472,7 @@ def test_an_open_window_has_no_row_outside_it(tmp_path):
     before 1970 is counted in rows_outside_window: neither accepted nor quarantined, although no window
     excludes it. It should be read (and then accepted, or quarantined with a reason)."""
     valid = [dumps(make_trace(i)) for i in range(N_VALID)]
-    old = dumps(make_trace(77, when=datetime(1969, 12, 31, 23, 59, 59, tzinfo=timezone.utc)))
+    old = dumps(make_trace(77, when=datetime(1969, 12, 31, 23, 59, 59, tzinfo=UTC)))
     summary = run(write_lines(tmp_path / "t.jsonl", valid + [old]), tmp_path / "out", window=Window())
     assert summary["rows_outside_window"] == 0
     assert summary["rows_read"] == N_VALID + 1
@@ -479,10 +481,10 @@ def test_an_open_window_has_no_row_outside_it(tmp_path):
 def test_partitions_outside_the_window_are_not_opened(tmp_path, monkeypatch):
     root = tmp_path / "traces"
     days = {
-        "date=2026-11-29": datetime(2026, 11, 29, 6, tzinfo=timezone.utc),
-        "date=2026-11-30": datetime(2026, 11, 30, 6, tzinfo=timezone.utc),
-        "2026/12/01": datetime(2026, 12, 1, 6, tzinfo=timezone.utc),
-        "2026-12-02": datetime(2026, 12, 2, 6, tzinfo=timezone.utc),
+        "date=2026-11-29": datetime(2026, 11, 29, 6, tzinfo=UTC),
+        "date=2026-11-30": datetime(2026, 11, 30, 6, tzinfo=UTC),
+        "2026/12/01": datetime(2026, 12, 1, 6, tzinfo=UTC),
+        "2026-12-02": datetime(2026, 12, 2, 6, tzinfo=UTC),
     }
     expected = []
     for k, (part, when) in enumerate(days.items()):
@@ -490,7 +492,7 @@ def test_partitions_outside_the_window_are_not_opened(tmp_path, monkeypatch):
         write_lines(root / part / "traces-00000.jsonl.gz", lines)
         if part == "date=2026-11-30":
             expected = lines
-    undated = [dumps(make_trace(900 + i, when=datetime(2026, 11, 30, 9, i, tzinfo=timezone.utc))) for i in range(3)]
+    undated = [dumps(make_trace(900 + i, when=datetime(2026, 11, 30, 9, i, tzinfo=UTC))) for i in range(3)]
     write_lines(root / "undated.jsonl", undated)
     (root / "manifest.json").write_text("{}")  # not a trace file
     window = Window.parse("2026-11-30")
@@ -510,14 +512,14 @@ def test_partitions_outside_the_window_are_not_opened(tmp_path, monkeypatch):
     real_open = storage.open_binary
     monkeypatch.setattr(storage, "open_binary", lambda uri: opened.append(str(uri)) or real_open(uri))
     out = tmp_path / "out"
-    summary = run(root, out, cfg(required_workloads=[]), window=window, now=datetime(2026, 12, 3, tzinfo=timezone.utc))
+    summary = run(root, out, cfg(required_workloads=[]), window=window, now=datetime(2026, 12, 3, tzinfo=UTC))
     assert sorted(opened) == files
     assert summary["files"] == 2 and summary["rows_read"] == 9 and summary["rows_outside_window"] == 0
     assert sorted(read_lines(out / "accepted" / "part-00000.jsonl")) == sorted(expected + undated)
 
 
 def test_window_parse():
-    utc = timezone.utc
+    utc = UTC
     assert Window.parse("2026-11-30") == Window(datetime(2026, 11, 30, tzinfo=utc), datetime(2026, 12, 1, tzinfo=utc))
     assert Window.parse("2026-11-30/2026-12-02") == Window(
         datetime(2026, 11, 30, tzinfo=utc), datetime(2026, 12, 2, tzinfo=utc)
@@ -596,7 +598,7 @@ def simulated(tmp_path_factory):
     from tasks.signals.simulate import simulate_traces
 
     root = tmp_path_factory.mktemp("sim")
-    today = datetime.now(timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
+    today = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
     start, end = today - timedelta(days=5), today - timedelta(days=2)
     manifest = simulate_traces(
         root / "traces",
@@ -807,7 +809,7 @@ def _required_paths(trace: dict) -> list[tuple]:
     paths = [(k,) for k in ("trace_id", "timestamp", "workload", "model", "tools", "messages", "outcome")]
     paths += [("model", "name"), ("model", "version")]
     paths += [("outcome", k) for k in ("success", "tool_errors", "prompt_tokens", "completion_tokens")]
-    for i, tool in enumerate(trace["tools"]):
+    for i, _tool in enumerate(trace["tools"]):
         paths += [("tools", i, "type"), ("tools", i, "function"), ("tools", i, "function", "name")]
     for i, m in enumerate(trace["messages"]):
         paths.append(("messages", i, "role"))

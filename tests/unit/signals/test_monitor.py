@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -13,7 +13,7 @@ from tasks.signals.monitor import check_production
 from tasks.signals.simulate import simulate_traces
 from tasks.signals.traces import Window
 
-START = datetime(2026, 11, 20, tzinfo=timezone.utc)
+START = datetime(2026, 11, 20, tzinfo=UTC)
 
 
 @pytest.fixture(scope="module")

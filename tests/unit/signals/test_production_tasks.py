@@ -12,7 +12,7 @@ import gzip
 import json
 import random
 import re
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -27,7 +27,7 @@ from tasks.signals.simulate import simulate_traces
 DESK = get_env("desk")
 V1, V2 = load_toolset("1", "desk"), load_toolset("2", "desk")
 OP_WORDS = {word for _, word, _ in OPS.values()}
-START = datetime(2026, 12, 1, tzinfo=timezone.utc)
+START = datetime(2026, 12, 1, tzinfo=UTC)
 
 
 def trace(trace_id: str, question: str, answer: str = "42") -> dict:
@@ -147,7 +147,9 @@ def lines(tmp_path_factory):
     simulate_traces(
         sim, START, START + timedelta(days=2), 240, [(START, "1"), (START + timedelta(days=1), "2")], seed=5
     )
-    out = [line for f in sorted(sim.rglob("*.jsonl.gz")) for line in gzip.open(f, "rt").read().splitlines()]
+    out = [
+        line for f in sorted(sim.rglob("*.jsonl.gz")) for line in gzip.decompress(f.read_bytes()).decode().splitlines()
+    ]
     return out + [json.dumps(r) for r in EXTRA] + ["{broken", out[0]]  # out[0] again: a repeated trace id
 
 
@@ -159,7 +161,7 @@ def validator():
 def write_parts(dir_, lines, n_parts=3):
     (dir_ / "accepted").mkdir(parents=True)
     for i in range(n_parts):
-        (dir_ / "accepted" / f"part-{i:05d}.jsonl").write_text("".join(l + "\n" for l in lines[i::n_parts]))
+        (dir_ / "accepted" / f"part-{i:05d}.jsonl").write_text("".join(line + "\n" for line in lines[i::n_parts]))
     (dir_ / "quarantine").mkdir()
     (dir_ / "quarantine" / "part-00000.jsonl").write_text('{"reason": "not a trace"}\n')  # never read
     return dir_
@@ -175,7 +177,7 @@ def built(tmp_path_factory, lines, validator):
 def read(out, split):
     from tasks.envs.base import Task
 
-    return [Task.from_dict(json.loads(l)) for l in (out / f"{split}.jsonl").read_text().splitlines()]
+    return [Task.from_dict(json.loads(line)) for line in (out / f"{split}.jsonl").read_text().splitlines()]
 
 
 def test_no_eval_task_appears_in_training(built):
@@ -229,7 +231,7 @@ def test_split_is_stable_and_independent_of_row_order(built, lines, tmp_path, va
     _, out = built
     shuffled = list(lines)
     random.Random(1).shuffle(shuffled)
-    (tmp_path / "one.jsonl").write_text("".join(l + "\n" for l in shuffled))
+    (tmp_path / "one.jsonl").write_text("".join(line + "\n" for line in shuffled))
     again = tasks_from_traces(tmp_path / "one.jsonl", "desk", V2, tmp_path / "out", validator=validator)
     for split in ("train", "eval"):
         assert (tmp_path / "out" / f"{split}.jsonl").read_bytes() == (out / f"{split}.jsonl").read_bytes()
@@ -242,7 +244,7 @@ def test_split_is_stable_and_independent_of_row_order(built, lines, tmp_path, va
 
 
 def test_failed_suite_raises_after_writing(lines, tmp_path, validator):
-    (tmp_path / "in.jsonl").write_text("".join(l + "\n" for l in lines))
+    (tmp_path / "in.jsonl").write_text("".join(line + "\n" for line in lines))
     with pytest.raises(BatchValidationError, match="family is not one of the environment's workloads"):
         tasks_from_traces(tmp_path / "in.jsonl", "desk", V2, tmp_path / "out", workloads=["calc"], validator=validator)
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())

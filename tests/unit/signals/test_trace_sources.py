@@ -13,7 +13,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -26,7 +26,7 @@ from tasks.signals.trace_sources import export_otel_spans, materialize, mlflow_t
 from tasks.signals.traces import IngestError, Window
 
 WINDOW = Window.parse("2026-12-01/2026-12-02")
-T0 = int(datetime(2026, 12, 1, 10, tzinfo=timezone.utc).timestamp() * 1e9)
+T0 = int(datetime(2026, 12, 1, 10, tzinfo=UTC).timestamp() * 1e9)
 TOOL = {
     "type": "function",
     "name": "calculator",
@@ -548,7 +548,7 @@ def test_mlflow_genai_semconv_export_maps_like_the_mlflow_trace(tmp_path):
                 "mlflow.spanInputs": {"messages": inputs, "tools": tools, "model": "evergreen-agent"},
                 "mlflow.spanOutputs": {"choices": [{"index": 0, "message": output, "finish_reason": "stop"}]},
                 "mlflow.llm.model": "evergreen-agent",
-                "mlflow.chat.tokenUsage": dict(zip(("input_tokens", "output_tokens"), usage)),
+                "mlflow.chat.tokenUsage": dict(zip(("input_tokens", "output_tokens"), usage, strict=True)),
             },
         )
 

@@ -71,6 +71,7 @@ def make_run(
                 for g, s in zip(
                     _rows(target[i], tokens[i], "2", "greedy_success"),
                     _rows((sampled or target)[i], tokens[i], "2", "sampled_success"),
+                    strict=True,
                 )
             ],
             f"eval_{who}_v2.jsonl",

@@ -4,7 +4,7 @@ from its file, and a promoted, a not-promoted, a skipped and a failed run each c
 from __future__ import annotations
 
 import json
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -14,7 +14,7 @@ from tasks.rundir import RunDir
 from tasks.stages.contracts import Comparisons, RunSummary
 from tasks.stages.report import collect_summary, format_summary, summarize
 
-STARTED = (datetime.now(timezone.utc) - timedelta(minutes=30)).isoformat()
+STARTED = (datetime.now(UTC) - timedelta(minutes=30)).isoformat()
 DRIFT = {
     "workload": "calc",
     "statistic": "success_rate",

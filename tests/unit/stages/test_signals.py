@@ -66,7 +66,8 @@ def test_run_dir_is_safe_and_writes_atomically(tmp_path):
 
 
 def test_should_train_is_decided_once_and_the_skip_records_it(tmp_path):
-    from tasks.stages.signals import should_train as stage, skip
+    from tasks.stages.signals import should_train as stage
+    from tasks.stages.signals import skip
 
     settings = load_settings(environ={}, overrides={"run_dir": str(tmp_path)})
     rd = RunDir.for_run(settings, "continuous_post_training", "r1")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shlex
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -56,7 +57,7 @@ def test_the_settings_file_is_this_runs_settings_with_the_clusters_address(tmp_p
     args = shlex.split(grpo_command(settings, rd)["entrypoint"])
     path = _arg(args, "--settings")
     assert path == str(rd.path / "settings.json")
-    written = Settings.model_validate(json.loads(open(path).read()))
+    written = Settings.model_validate(json.loads(Path(path).read_text()))
     assert written.ray.address == "10.0.0.5:6390"
     assert written.grpo.steps == 3 and written.grpo.lr == 5e-4
     assert (written.model, written.rollout, written.grpo, written.eval, written.env, written.promotion) == (
@@ -74,7 +75,7 @@ def test_the_settings_file_is_this_runs_settings_with_the_clusters_address(tmp_p
 def test_the_job_trains_with_exactly_this_runs_settings(tmp_path):
     settings, rd = _run(tmp_path, ClusterInfo(backend="local", address="10.0.0.5:6390"))
     path = _arg(shlex.split(grpo_command(settings, rd)["entrypoint"]), "--settings")
-    written = Settings.model_validate(json.loads(open(path).read()))
+    written = Settings.model_validate(json.loads(Path(path).read_text()))
     assert written.model_copy(update={"ray": written.ray.model_copy(update={"address": None})}) == settings
 
 
