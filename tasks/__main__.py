@@ -27,6 +27,11 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tasks.config import Settings
+    from tasks.rl.rollout import RolloutPool
 
 
 def _overrides(pairs: list[str]) -> dict:
@@ -116,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
-def _command(args, settings) -> int:
+def _command(args: argparse.Namespace, settings: Settings) -> int:
     from tasks.signals import cli as signals_cli
 
     if args.command == "settings":
@@ -149,7 +154,7 @@ def _command(args, settings) -> int:
     return 0
 
 
-def _ray_command(args, settings) -> int:
+def _ray_command(args: argparse.Namespace, settings: Settings) -> int:
     from tasks.rl.rollout import RolloutPool
 
     if args.command == "train":
@@ -198,7 +203,7 @@ def _ray_command(args, settings) -> int:
     return 0
 
 
-def _evaluate_pool(pool, settings, toolsets: list[str]) -> dict:
+def _evaluate_pool(pool: RolloutPool, settings: Settings, toolsets: list[str]) -> dict:
     """{toolset: EvalResult} for the weights currently in the pool, on the tasks build_tasks would build."""
     import time
 

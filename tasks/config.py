@@ -14,12 +14,19 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Mapping
+from typing import Any
 
 from pydantic import Field, ValidationError, model_validator
-from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
 from pydantic_settings.sources.utils import parse_env_vars
 
 # the sections are declared in their own module; callers import them from here, with the root and the loading
@@ -27,12 +34,12 @@ from tasks.config_sections import (
     PROJECT_ROOT,
     BootstrapSettings,
     CostSettings,
-    DriftSettings,  # noqa: F401
+    DriftSettings,
     EnvSettings,
     EvalSettings,
     GRPOSettings,
     IngestSettings,
-    LoraSettings,
+    LoraSettings,  # noqa: F401 (re-exported: callers import the sections from here)
     ModelSettings,
     MonitorSettings,
     OrchestrationSettings,
@@ -76,7 +83,7 @@ class Settings(_Section):
         return self.rollout.collective_sync and self.grpo.lora is None
 
     @model_validator(mode="after")
-    def _lora_needs_vllm(self):
+    def _lora_needs_vllm(self) -> Settings:
         if self.grpo.lora is not None and self.rollout.backend != "vllm":
             raise ValueError(
                 "grpo.lora trains an adapter that vLLM's engines apply per request: set "
@@ -85,7 +92,7 @@ class Settings(_Section):
         return self
 
     @model_validator(mode="after")
-    def _gpu_transfer_needs_gpus(self):
+    def _gpu_transfer_needs_gpus(self) -> Settings:
         r = self.rollout
         if r.gpu_weight_transfer:
             missing = [
@@ -118,7 +125,7 @@ class SettingsError(ValueError):
     pass
 
 
-def parse_value(text: str):
+def parse_value(text: str) -> Any:
     """A value given as text (an EVERGREEN_* variable, `--set`): JSON when it is a list, an object or null
     (`[1, 2]`, `{"a": 1}`, `null`), else the text itself, which pydantic converts to the field's type."""
     stripped = text.strip()
@@ -126,7 +133,9 @@ def parse_value(text: str):
         try:
             return json.loads(stripped)
         except json.JSONDecodeError as e:
-            raise SettingsError(f'{text!r} looks like JSON but is not ({e}); quote it as JSON, e.g. \'["a", "b"]\'')
+            raise SettingsError(
+                f'{text!r} looks like JSON but is not ({e}); quote it as JSON, e.g. \'["a", "b"]\''
+            ) from e
     return text
 
 
@@ -147,11 +156,11 @@ def nest(flat: dict[str, object]) -> dict:
 class _Env(EnvSettingsSource):
     """EVERGREEN_<SECTION>__<FIELD> from a given mapping (os.environ, or {} for a run's resolved file)."""
 
-    def __init__(self, settings_cls, environ: Mapping[str, str]):
+    def __init__(self, settings_cls: type[BaseSettings], environ: Mapping[str, str]) -> None:
         self._environ = environ
         super().__init__(settings_cls)
 
-    def _load_env_vars(self):
+    def _load_env_vars(self) -> Mapping[str, str | None]:
         # a misspelt section would be silently ignored by pydantic-settings; EVERGREEN_CONFIG and
         # EVERGREEN_S3_ENDPOINT_URL (no `__`) are not settings and are left alone
         for key in self._environ:
@@ -183,8 +192,13 @@ class _Sources(BaseSettings, Settings):
 
     @classmethod
     def settings_customise_sources(
-        cls, settings_cls, init_settings, env_settings, dotenv_settings, file_secret_settings
-    ):
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
         path, environ = _SOURCES.get()
         return init_settings, _Env(settings_cls, environ), YamlConfigSettingsSource(settings_cls, yaml_file=path)
 
@@ -213,11 +227,13 @@ def _check_file(path: Path) -> None:
         )
 
 
-def load_settings(path: str | Path | None = None, overrides: dict | None = None, environ=None) -> Settings:
+def load_settings(
+    path: str | Path | None = None, overrides: dict | None = None, environ: Mapping[str, str] | None = None
+) -> Settings:
     """The settings file (default include/config/pipeline.yaml, or $EVERGREEN_CONFIG), then EVERGREEN_*
     variables of `environ` (default os.environ; {} for none: a run's resolved settings file), then
     `overrides` (nested, see `nest`). Raises SettingsError saying what to change."""
-    path = Path(path or os.environ.get(ENV_PREFIX + "CONFIG", DEFAULT_CONFIG))
+    path = Path(path or os.environ.get(ENV_PREFIX + "CONFIG", str(DEFAULT_CONFIG)))
     if not path.exists():
         raise SettingsError(f"settings file {path} does not exist: fix the path (or {ENV_PREFIX}CONFIG)")
     _check_file(path)

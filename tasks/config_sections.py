@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
@@ -80,7 +80,7 @@ class ModelSettings(_Section):
 
     @field_validator("num_heads")
     @classmethod
-    def _heads_divide(cls, v, info):
+    def _heads_divide(cls, v: int, info: ValidationInfo) -> int:
         hidden = info.data.get("hidden_size")
         if hidden and hidden % v:
             raise ValueError(
@@ -311,7 +311,7 @@ class GRPOSettings(_Section):
 
     @field_validator("eps_high")
     @classmethod
-    def _clip(cls, v, info):
+    def _clip(cls, v: float, info: ValidationInfo) -> float:
         low = info.data.get("eps_low")
         if low is not None and v < low:
             raise ValueError(
@@ -481,7 +481,7 @@ class RaySettings(_Section):
     job_timeout_s: int = Field(7200, ge=60, description="a Ray job (GRPO) that runs longer is stopped and fails")
 
     @model_validator(mode="after")
-    def _backend_needs(self):
+    def _backend_needs(self) -> RaySettings:
         if self.backend == "address" and not (self.address and self.dashboard_url):
             raise ValueError(
                 "ray.backend=address needs ray.address (GCS, host:6379) and ray.dashboard_url "

@@ -8,6 +8,8 @@ Usage:
 
 from __future__ import annotations
 
+from contextlib import suppress
+
 
 def end_processes(procs: list, grace: float) -> None:
     """Terminate `procs` (psutil.Process), wait up to `grace` seconds, kill what is left and reap it. A
@@ -15,14 +17,10 @@ def end_processes(procs: list, grace: float) -> None:
     import psutil  # lazy: DAG files import modules that import this one
 
     for proc in procs:
-        try:
+        with suppress(psutil.NoSuchProcess):
             proc.terminate()
-        except psutil.NoSuchProcess:
-            pass
     _, alive = psutil.wait_procs(procs, timeout=grace)
     for proc in alive:
-        try:
+        with suppress(psutil.NoSuchProcess):
             proc.kill()
-        except psutil.NoSuchProcess:
-            pass
     psutil.wait_procs(alive, timeout=5)

@@ -14,6 +14,11 @@ first task with one error naming every refused field and why; an accepted one is
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tasks.config import Settings
+
 # DAG param -> setting; any other setting a run may change through the `overrides` param
 PARAM_FIELDS = {
     "target_toolset": "env.target_toolset",
@@ -50,14 +55,14 @@ STRICTER = {
 TOOLSETS = ("env.target_toolset", "env.champion_toolset")
 
 
-def _get(settings, field: str):
+def _get(settings: Settings, field: str) -> Any:
     value = settings
     for part in field.split("."):
         value = getattr(value, part)
     return value
 
 
-def refusal(field: str, value, deployed) -> str | None:
+def refusal(field: str, value: Any, deployed: Settings) -> str | None:
     """Why a run's params may not set `field` to `value` (None: they may). `deployed` is the settings
     without the run's params."""
     if field in TOOLSETS:
@@ -91,7 +96,7 @@ def refusal(field: str, value, deployed) -> str | None:
     return "set by the deployment's config (pipeline.yaml or EVERGREEN_* variables), not by a run's params"
 
 
-def check_overrides(overrides: dict, deployed) -> None:
+def check_overrides(overrides: dict, deployed: Settings) -> None:
     """Raise SettingsError naming every override the run's params may not make (see the module docstring)."""
     from tasks.config import SettingsError  # DAG files import this module at parse time: keep it light
 

@@ -17,6 +17,10 @@ import os
 import shutil
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tasks.config import Settings
 
 log = logging.getLogger(__name__)
 SERVED_NAME = "evergreen-agent"
@@ -27,7 +31,7 @@ SERVED_NAME = "evergreen-agent"
 _SERVER_MAIN = "from vllm.entrypoints.launchers.api_server.entry import main; main()"
 
 
-def serve_command(settings, model_dir: str | Path, port: int, host: str = "127.0.0.1") -> list[str]:
+def serve_command(settings: Settings, model_dir: str | Path, port: int, host: str = "127.0.0.1") -> list[str]:
     """The command line of vLLM's OpenAI-compatible server for a checked local model directory."""
     ms = settings.model
     return [
@@ -59,7 +63,7 @@ def serve_command(settings, model_dir: str | Path, port: int, host: str = "127.0
     ]
 
 
-def prepare(settings, model_uri: str | None = None) -> Path:
+def prepare(settings: Settings, model_uri: str | None = None) -> Path:
     """A local, checked copy of the model to serve: the registry's champion unless `model_uri` says otherwise."""
     from tasks import storage
     from tasks.policy.chat import ChatFormat
@@ -81,7 +85,7 @@ def prepare(settings, model_uri: str | None = None) -> Path:
     return directory
 
 
-def serve(settings, port: int = 8000, model_uri: str | None = None, host: str = "127.0.0.1") -> int:
+def serve(settings: Settings, port: int = 8000, model_uri: str | None = None, host: str = "127.0.0.1") -> int:
     """Prepare the model, then replace this process with vLLM's server (its exit status is ours)."""
     directory = prepare(settings, model_uri)
     cmd = serve_command(settings, directory, port, host)

@@ -20,8 +20,9 @@ import hashlib
 import json
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import BinaryIO, Iterator
+from typing import Any, BinaryIO
 
 
 class ChecksumError(ValueError):
@@ -45,14 +46,14 @@ def split_s3(uri: str) -> tuple[str, str]:
 
 
 @functools.lru_cache(maxsize=4)
-def _client(endpoint_url: str | None):
+def _client(endpoint_url: str | None) -> Any:
     import boto3
     from botocore.config import Config
 
     return boto3.client("s3", endpoint_url=endpoint_url, config=Config(retries={"mode": "standard", "max_attempts": 5}))
 
 
-def s3_client():
+def s3_client() -> Any:
     return _client(os.environ.get("EVERGREEN_S3_ENDPOINT_URL") or None)
 
 

@@ -19,8 +19,12 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tasks.config import Settings
 
 # "token" only as a whole last word: `max_tokens_per_turn` or `trained_tokens` are figures, not secrets
 _SECRET_KEY = re.compile(
@@ -60,7 +64,7 @@ def credentials_to_environment(uri: str) -> str:
         os.environ.setdefault("MLFLOW_TRACKING_USERNAME", unquote(user))
         if password:
             os.environ.setdefault("MLFLOW_TRACKING_PASSWORD", unquote(password))
-    return without_credentials(uri)
+    return without_credentials(uri) or uri
 
 
 def without_credentials(uri: str | None) -> str | None:
@@ -103,7 +107,7 @@ class Tracker:
         self.experiment = mlflow.set_experiment(experiment)
 
     @classmethod
-    def from_settings(cls, settings) -> "Tracker":
+    def from_settings(cls, settings: Settings) -> Tracker:
         """The configured server, or a SQLite store under run_dir (mlflow.db + mlartifacts/)."""
         t = settings.tracking
         if t.uri:
@@ -113,13 +117,15 @@ class Tracker:
         return cls(f"sqlite:///{run_dir / 'mlflow.db'}", t.experiment, artifact_location=run_dir / "mlartifacts")
 
     @contextlib.contextmanager
-    def pipeline_run(self, name: str, tags: dict[str, str] | None = None, settings=None) -> Iterator[Any]:
+    def pipeline_run(
+        self, name: str, tags: dict[str, str] | None = None, settings: Settings | None = None
+    ) -> Iterator[Any]:
         with self.mlflow.start_run(run_name=name, tags={k: str(redact(k, v)) for k, v in (tags or {}).items()}) as run:
             if settings is not None:
                 self.log_params(settings.model_dump(mode="json"))
             yield run
 
-    def open_run(self, name: str, tags: dict[str, str] | None = None, settings=None) -> str:
+    def open_run(self, name: str, tags: dict[str, str] | None = None, settings: Settings | None = None) -> str:
         """Start a pipeline run that later processes (Airflow tasks) add stages to; returns its id."""
         with self.pipeline_run(name, tags=tags, settings=settings) as run:
             run_id = run.info.run_id
@@ -203,13 +209,13 @@ class Tracker:
     def log_dict(self, data: dict, artifact_file: str) -> None:
         self.mlflow.log_dict(data, artifact_file)
 
-    def log_dataset(self, frame, name: str, source: str, context: str):
+    def log_dataset(self, frame: Any, name: str, source: str, context: str) -> str:
         """Record a dataset input (its digest, schema and source) through mlflow.data."""
         dataset = self.mlflow.data.from_pandas(frame, source=str(redact("source", source)), name=name)
         self.mlflow.log_input(dataset, context=context)
         return dataset.digest
 
-    def run_url(self, run) -> str:
+    def run_url(self, run: Any) -> str:
         """A link to the run in the MLflow UI (for a SQLite store: the `mlflow ui` command that serves it)."""
         if self.tracking_uri.startswith("http"):
             return f"{self.tracking_uri.rstrip('/')}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}"

@@ -11,11 +11,15 @@ include/gx/eval_results.json. The frames are built here, so the suites see flat 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tasks.data.validation import SuiteOutcome, Validator
 
+if TYPE_CHECKING:
+    import pandas as pd
 
-def rollout_frame(records: list[dict]):
+
+def rollout_frame(records: list[dict]) -> pd.DataFrame:
     import pandas as pd
 
     return pd.DataFrame(
@@ -27,7 +31,8 @@ def rollout_frame(records: list[dict]):
             "completion_tokens": [r["completion_tokens"] for r in records],
             # tool-result tokens carry logprob 0.0 (masked out); the sampled ones must be <= 0
             "max_logprob": [
-                max((lp for lp, m in zip(r["logprobs"], r["completion_mask"]) if m), default=0.0) for r in records
+                max((lp for lp, m in zip(r["logprobs"], r["completion_mask"], strict=False) if m), default=0.0)
+                for r in records
             ],
             "n_completion_ids": [len(r["completion_ids"]) for r in records],
             "n_logprobs": [len(r["logprobs"]) for r in records],

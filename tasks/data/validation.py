@@ -20,9 +20,12 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tasks.config import PROJECT_ROOT
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 SUITE_DIR = PROJECT_ROOT / "include" / "gx"
 DOCS_SITE = "evergreen"
@@ -31,8 +34,9 @@ DOCS_SITE = "evergreen"
 class BatchValidationError(ValueError):
     """A batch failed a batch-level expectation; the message names it, the observed value and the threshold."""
 
-    def __init__(self, suite: str, failures: list[dict]):
+    def __init__(self, suite: str, failures: list[dict]) -> None:
         self.suite, self.failures = suite, failures
+        self.summary: dict | None = None  # the window's counts, where ingest raises it (tasks.signals.ingest)
         super().__init__(f"suite {suite!r} failed: " + "; ".join(f["message"] for f in failures))
 
 
@@ -110,7 +114,7 @@ class SuiteOutcome:
 class Validator:
     """One ephemeral GX context; suites and validation definitions are made once and reused per batch."""
 
-    def __init__(self, docs_dir: str | Path | None = None):
+    def __init__(self, docs_dir: str | Path | None = None) -> None:
         os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
         logging.getLogger("great_expectations").setLevel(logging.WARNING)  # its INFO lines are per-call noise
         import great_expectations as gx
@@ -140,7 +144,7 @@ class Validator:
         self._definitions: dict[str, Any] = {}
         self._checkpoints: dict[str, Any] = {}
 
-    def _definition(self, suite_name: str):
+    def _definition(self, suite_name: str) -> Any:
         if suite_name not in self._definitions:
             gx = self._gx
             spec = load_suite_spec(suite_name)
@@ -163,7 +167,9 @@ class Validator:
                 )
         return self._definitions[suite_name]
 
-    def validate(self, suite_name: str, frame, params: dict | None = None, docs: bool = False) -> SuiteOutcome:
+    def validate(
+        self, suite_name: str, frame: pd.DataFrame, params: dict | None = None, docs: bool = False
+    ) -> SuiteOutcome:
         """Validate one frame; `docs=True` also renders the result into the data docs (about 0.3 s)."""
         params = dict(params or {})
         vd = self._definition(suite_name)
@@ -204,7 +210,7 @@ class Validator:
         return self.docs_dir / "index.html" if self.docs_dir and (self.docs_dir / "index.html").exists() else None
 
 
-def _observed(res: dict):
+def _observed(res: dict) -> Any:
     """What a failed expectation saw: its observed value, else (one-row batch frames) the failing value,
     else (set expectations) the missing members."""
     if res.get("observed_value") is not None:
@@ -224,7 +230,7 @@ def _pair(kwargs: dict) -> str | None:
     return None
 
 
-def _plain(v):
+def _plain(v: Any) -> Any:
     """Numpy scalars, tuples and sets, at any depth -> JSON-serialisable values."""
     if isinstance(v, dict):
         return {str(k): _plain(x) for k, x in v.items()}

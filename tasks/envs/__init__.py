@@ -18,14 +18,18 @@ from __future__ import annotations
 
 import importlib
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Any
 
 from tasks.envs.base import Episode, Task, ToolSession, Verifier
 from tasks.envs.toolset import load_toolset
+
+if TYPE_CHECKING:
+    from tasks.policy.chat import ChatFormat
 
 GROUP = "evergreen.environments"
 PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
@@ -56,7 +60,7 @@ class Environment:
     toolset_dir: Path | None = None
     task_from_trace: Callable[[dict, dict], Task | None] | None = None
 
-    def load_toolset(self, source) -> dict:
+    def load_toolset(self, source: str | Path | dict | list) -> dict:
         """tasks.envs.toolset.load_toolset with this environment's shipped versions."""
         return load_toolset(source, self.name)
 
@@ -71,7 +75,7 @@ def _registered() -> dict[str, str]:
     return found
 
 
-@lru_cache(maxsize=None)
+@cache
 def get_env(name: str) -> Environment:
     """The environment `name` names (a spec file, module:factory or an entry point); errors say what to change."""
     if name.endswith((".yaml", ".yml")):
@@ -98,7 +102,7 @@ def get_env(name: str) -> Environment:
     return env
 
 
-def new_episode(task: Task, chat, **limits) -> Episode:
+def new_episode(task: Task, chat: ChatFormat, **limits: Any) -> Episode:
     """An episode of `task` with its environment's tool session and verifier."""
     env = get_env(task.env)
     return Episode(task, chat, env.open_session(task), env.verify, **limits)

@@ -20,9 +20,13 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable, Coroutine
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from typing import Self
 
 FAULTS = ("refused", "timeout", "unreachable", "bad_response", "session_lost", "tool_failed")
 
@@ -36,7 +40,7 @@ class ToolResult:
     is_error: bool = False
     fault: str | None = None
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.fault is not None and self.fault not in FAULTS:
             raise ValueError(f"fault={self.fault!r}; use one of {FAULTS}")
 
@@ -48,9 +52,9 @@ class ToolSession(Protocol):
 
     def close(self) -> None: ...
 
-    def __enter__(self) -> "ToolSession": ...
+    def __enter__(self) -> ToolSession: ...
 
-    def __exit__(self, *exc) -> None: ...
+    def __exit__(self, *exc: object) -> None: ...
 
 
 class ToolBackend(Protocol):
@@ -69,10 +73,10 @@ class LoopThread:
         self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
         self._thread.start()
 
-    def submit(self, coro: Awaitable) -> Future:
+    def submit(self, coro: Coroutine[Any, Any, Any]) -> Future[Any]:
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
-    def run(self, coro: Awaitable, timeout: float | None = None) -> Any:
+    def run(self, coro: Coroutine[Any, Any, Any], timeout: float | None = None) -> Any:
         return self.submit(coro).result(timeout)
 
     def stop(self) -> None:
@@ -84,10 +88,14 @@ class LoopThread:
 class ClosedOnExit:
     """`with x:` closes x at the end: the sessions and backends of this package."""
 
-    def __enter__(self):
+    if TYPE_CHECKING:
+
+        def close(self) -> None: ...  # each subclass's own
+
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 

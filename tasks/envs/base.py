@@ -30,8 +30,9 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol, cast
 
 from tasks.envs.backends import InProcessSession, ToolResult, ToolSession
 from tasks.policy.chat import ChatFormat, ParsedTurn
@@ -39,7 +40,14 @@ from tasks.policy.chat import ChatFormat, ParsedTurn
 log = logging.getLogger(__name__)
 
 REWARD_WEIGHTS = {"format": 0.1, "call_validity": 0.1, "correct": 0.8}
-_JSON_TYPES = {"integer": int, "number": (int, float), "string": str, "boolean": bool, "object": dict, "array": list}
+_JSON_TYPES: dict[str, type | tuple[type, ...]] = {
+    "integer": int,
+    "number": (int, float),
+    "string": str,
+    "boolean": bool,
+    "object": dict,
+    "array": list,
+}
 
 
 @dataclass
@@ -58,7 +66,7 @@ class Task:
         return dict(self.__dict__)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Task":
+    def from_dict(cls, d: dict) -> Task:
         if "service" in d:  # written before the field's rename (stored rollouts and datasets)
             d = {("data" if k == "service" else k): v for k, v in d.items()}
         return cls(**d)
@@ -153,11 +161,11 @@ class Episode:
     turn_length: int = 0  # ids of the last assistant turn
     faults: Counter = field(default_factory=Counter)  # tool errors by ToolResult.fault (refused, timeout, ...)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if not hasattr(self.session, "acall"):  # a bare in-process service (tests, notebooks)
             if self.verifier is None:
                 self.verifier = GroundedVerifier(getattr(self.session, "solves", None))
-            self.session = InProcessSession(self.session, (ToolError,))
+            self.session = InProcessSession(cast("ToolService", self.session), (ToolError,))
         if self.verifier is None:
             self.verifier = GroundedVerifier(None)
         # the environment's own keys (x-evergreen-*) stay out of the prompt
@@ -221,6 +229,7 @@ class Episode:
                 well_formed = False
                 results.append((call, f"error: {call.error}"))
                 continue
+            assert call.name is not None and call.arguments is not None  # ParsedCall: set when error is None
             tool = next((t for t in self.task.tools if t["function"]["name"] == call.name), None)
             if tool is None:
                 offered = ", ".join(t["function"]["name"] for t in self.task.tools)
@@ -240,19 +249,20 @@ class Episode:
                 self.answered.append((call.name, call.arguments, answer.text))
         self.n_well_formed_turns += well_formed
         if well_formed:
-            ids = [f"call_{first_call + k}" for k in range(len(results))]
+            call_ids = [f"call_{first_call + k}" for k in range(len(results))]
             self.messages.append(
                 {
                     "role": "assistant",
                     "content": turn.content,
                     "tool_calls": [
                         {"id": i, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-                        for i, (c, _) in zip(ids, results)
+                        for i, (c, _) in zip(call_ids, results, strict=True)
                     ],
                 }
             )
             answers = [
-                {"role": "tool", "tool_call_id": i, "name": c.name, "content": r} for i, (c, r) in zip(ids, results)
+                {"role": "tool", "tool_call_id": i, "name": c.name, "content": r}
+                for i, (c, r) in zip(call_ids, results, strict=True)
             ]
         else:  # the calls could not be read: the raw text, and one error the policy can act on
             self.messages.append({"role": "assistant", "content": text})
@@ -281,6 +291,7 @@ class Episode:
 
     def score(self) -> dict[str, Any]:
         """Reward in [0, 1] with its named components and a reason: the environment's verifier's."""
+        assert self.verifier is not None  # set in __post_init__
         return self.verifier(self)
 
 
@@ -292,7 +303,7 @@ class GroundedVerifier:
 
     solves: Callable[[str, dict], bool] | None
 
-    def _grounds(self, episode: "Episode", name: str, arguments: dict, result: str) -> bool:
+    def _grounds(self, episode: Episode, name: str, arguments: dict, result: str) -> bool:
         if self.solves is None or normalise_answer(result) != normalise_answer(episode.task.expected):
             return False
         try:
@@ -300,7 +311,7 @@ class GroundedVerifier:
         except Exception:  # a verifier bug grounds nothing and must not end the rollout batch
             return False
 
-    def __call__(self, episode: "Episode") -> dict[str, Any]:
+    def __call__(self, episode: Episode) -> dict[str, Any]:
         ep = episode
         verdict = grounded_score(
             ep.answer,

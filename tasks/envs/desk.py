@@ -18,12 +18,17 @@ from __future__ import annotations
 
 import math
 import random
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from tasks.envs.backends import InProcessSession
 from tasks.envs.base import SPLITS, GroundedVerifier, Task, ToolError, hash_split
 from tasks.envs.toolset import load_toolset
+
+if TYPE_CHECKING:
+    from tasks.envs import Environment
+    from tasks.envs.base import Episode
 
 FAMILIES = ("calc", "convert", "lookup")
 OPS = {
@@ -193,14 +198,14 @@ class DeskService:
         return got == want or (self.family == "calc" and want[2] in COMMUTATIVE and got == [want[1], want[0], want[2]])
 
     @staticmethod
-    def _int(v) -> int:
+    def _int(v: Any) -> int:
         try:
             return int(str(v).strip())
         except ValueError:
             raise ToolError(f"'{v}' is not an integer") from None
 
     @staticmethod
-    def _number(v) -> int | float:
+    def _number(v: Any) -> int | float:
         try:
             x = float(v)
         except (TypeError, ValueError):
@@ -211,7 +216,7 @@ class DeskService:
             raise ToolError(f"'{str(v)[:20]}' is not a finite number")
         return int(x) if x.is_integer() and abs(x) < 2**53 else x
 
-    def _op(self, op) -> str:
+    def _op(self, op: Any) -> str:
         op = str(op).strip()
         key = next((k for k, (sym, _, _) in OPS.items() if op == sym or (not self.strict and op.lower() == k)), None)
         if key is None:
@@ -234,7 +239,7 @@ class DeskService:
             f"unknown unit '{u}'; units are symbols such as km, kg, min" if self.strict else f"unknown unit '{u}'"
         )
 
-    def _city(self, city) -> str:
+    def _city(self, city: Any) -> str:
         key = str(city).strip()
         if not self.strict:
             key = key.lower()
@@ -244,7 +249,7 @@ class DeskService:
         return key
 
     @staticmethod
-    def _field(fieldname) -> str:
+    def _field(fieldname: Any) -> str:
         if fieldname not in FIELDS:
             raise ToolError(f"unknown field '{fieldname}'; fields: {', '.join(FIELDS)}")
         return fieldname
@@ -277,12 +282,12 @@ def open_session(task: Task) -> InProcessSession:
     return InProcessSession(make_service(task), (ToolError,))
 
 
-def verify(episode) -> dict:
+def verify(episode: Episode) -> dict:
     """The grounded reward (tasks.envs.base.GroundedVerifier) with desk's judgement of a solving call."""
     return GroundedVerifier(make_service(episode.task).solves)(episode)
 
 
-def environment():
+def environment() -> Environment:
     """The entry point (pyproject.toml, group evergreen.environments): desk as an Environment."""
     from tasks.envs import Environment
 
@@ -353,7 +358,7 @@ def _random_tools(rng: random.Random) -> list[dict]:
             pass
         used.add(name)
         n_args = 3 if family in ("calc", "convert") else 2
-        args = []
+        args: list[str] = []
         while len(args) < n_args:
             if (a := _random_name(rng, _ARG_WORDS, 7)) not in args:
                 args.append(a)
@@ -363,7 +368,7 @@ def _random_tools(rng: random.Random) -> list[dict]:
             types = [rng.choice(["number", "integer", "string"]), "string", "string"]
         else:
             types = ["string", "string"]
-        props = {a: {"type": t} for a, t in zip(args, types)}
+        props = {a: {"type": t} for a, t in zip(args, types, strict=True)}
         tools.append(
             {
                 "type": "function",
@@ -446,6 +451,7 @@ def task_from_trace(trace: dict, toolset: dict) -> Task | None:
     if parsed is None:
         return None
     family, values = parsed
+    assert question is not None  # parsed from it
     tools = [t for t in toolset["tools"] if t.get("x-evergreen-handler") == family]
     if not tools:
         return None
@@ -491,7 +497,7 @@ def demonstration(task: Task, rng: random.Random) -> list[dict]:
     else:
         values[0] = rng.choice([values[0], values[0].title()])
     args = {}
-    for (name, spec), v in zip(props.items(), values):
+    for (name, spec), v in zip(props.items(), values, strict=True):
         args[name] = str(v) if spec["type"] == "string" else v
     name = tool["function"]["name"]
     result = DeskService(task.data["bindings"], strict=False)(name, args)
@@ -503,7 +509,7 @@ def demonstration(task: Task, rng: random.Random) -> list[dict]:
     return [call, {"role": "assistant", "content": result}]
 
 
-@lru_cache(maxsize=None)
+@cache
 def toolset_tasks(version: str, n: int, seed: int) -> tuple[Task, ...]:
     """`n` tasks (seed `seed`) with the tools of desk's shipped toolset `version`; cached."""
     return tuple(generate_tasks(n, seed, load_toolset(version, "desk")))

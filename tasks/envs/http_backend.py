@@ -31,12 +31,16 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Any
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import orjson
 
 from tasks.envs.backends import FAULTS, ClosedOnExit, LoopThread, ToolResult
+
+if TYPE_CHECKING:
+    from tasks.envs.base import Task
 
 COOKIE = "evergreen_session"
 _STATUS_FAULTS = {
@@ -88,7 +92,7 @@ class ResourcesServerBackend(ClosedOnExit):
             self._clients[loop] = client
         return client
 
-    def run(self, coro) -> Any:
+    def run(self, coro: Coroutine[Any, Any, Any]) -> Any:
         """Run `coro` on the backend's own loop thread (for synchronous callers); not from that thread."""
         with self._lock:
             if self._thread is None:
@@ -139,12 +143,12 @@ class ResourcesServerBackend(ClosedOnExit):
     def list_tools(self) -> list[dict]:
         return self.run(self.alist_tools())
 
-    def open_session(self, task=None) -> "ResourcesServerSession":
+    def open_session(self, task: Task | dict | None = None) -> ResourcesServerSession:
         """A session for `task` (a Task or its dict). No I/O here, so it is safe inside an event loop: the
         session is seeded on its first call (or `await session.aseed()`)."""
-        return ResourcesServerSession(self, task.to_dict() if hasattr(task, "to_dict") else task)
+        return ResourcesServerSession(self, task.to_dict() if task is not None and hasattr(task, "to_dict") else task)
 
-    async def aopen_session(self, task=None) -> "ResourcesServerSession":
+    async def aopen_session(self, task: Task | dict | None = None) -> ResourcesServerSession:
         session = self.open_session(task)
         await session.aseed()
         return session

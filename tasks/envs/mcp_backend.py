@@ -36,6 +36,8 @@ import asyncio
 import contextlib
 import sys
 import time
+from collections.abc import Callable, Coroutine
+from typing import Any, TextIO, TypeVar, cast, overload
 
 import httpx2
 import mcp_types as types
@@ -50,6 +52,7 @@ from tasks.envs.backends import ClosedOnExit, LoopThread, ToolResult
 HANDLER_META = "evergreen/handler"  # where desk_mcp_server carries x-evergreen-handler
 VERSION_META = "evergreen/toolset_version"  # and the toolset's version, on the tools/list result
 RETRY_CONNECT_S = 1.0  # after a failed connect, calls fail fast this long instead of each reconnecting
+_T = TypeVar("_T")
 
 
 class ToolsChangedUnsupported(RuntimeError):
@@ -60,6 +63,10 @@ def _error(fault: str, text: str) -> ToolResult:
     return ToolResult(f"error: {text}", is_error=True, fault=fault)
 
 
+@overload
+def _leaf(exc: BaseException) -> BaseException: ...
+@overload
+def _leaf(exc: None) -> None: ...
 def _leaf(exc: BaseException | None) -> BaseException | None:
     while isinstance(exc, BaseExceptionGroup):  # anyio task groups wrap the transport's error
         exc = exc.exceptions[0]
@@ -76,7 +83,7 @@ def _describe(exc: BaseException) -> str:
 class _Connection:
     """One MCP connection: a `Client` entered and left by its own owner task on the backend's loop."""
 
-    def __init__(self, backend: MCPBackend, on_notification=None):
+    def __init__(self, backend: MCPBackend, on_notification: Callable[[], None] | None = None):
         self.backend, self.on_notification = backend, on_notification
         self.client: Client | None = None
         self.error: BaseException | None = None
@@ -110,13 +117,13 @@ class _Connection:
 
     async def _own(self) -> None:
         b = self.backend
-        transport = (
-            streamable_http_client(b.url)
-            if b.url
-            else stdio_client(
+        if b.url:
+            transport = streamable_http_client(b.url)
+        else:
+            assert b.command is not None  # MCPBackend: a command when there is no URL
+            transport = stdio_client(
                 StdioServerParameters(command=b.command[0], args=b.command[1:], env=b.env, cwd=b.cwd), errlog=b.errlog
             )
-        )
         try:
             async with Client(
                 transport, mode=b.mode, cache=None, read_timeout_seconds=b.timeout, message_handler=self._on_message
@@ -130,7 +137,7 @@ class _Connection:
             self.ended.set()
             self.ready.set()
 
-    async def _on_message(self, message) -> None:
+    async def _on_message(self, message: Any) -> None:
         # handshake era only: a 2026-07-28 connection counts the events of its listen stream instead
         if isinstance(message, types.ToolListChangedNotification) and self.on_notification and not self.modern:
             self.on_notification()
@@ -156,8 +163,8 @@ class MCPBackend(ClosedOnExit):
         mode: str = "auto",
         env: dict[str, str] | None = None,
         cwd: str | None = None,
-        errlog=None,
-    ):
+        errlog: TextIO | None = None,
+    ) -> None:
         """`server`: a streamable-HTTP URL, or a command (argv list) to run as a stdio server; `mode`: the
         SDK's era negotiation ("legacy" forces the initialize handshake); `env` is added to the SDK's
         minimal child environment (HOME, PATH, ...); `errlog`: the server's stderr."""
@@ -217,13 +224,13 @@ class MCPBackend(ClosedOnExit):
 
     # ---------------------------------------------------------------- on the backend's loop
 
-    def _run(self, coro):
+    def _run(self, coro: Coroutine[Any, Any, _T]) -> _T:
         if self._closed:  # the loop is gone: waiting on it would hang
             coro.close()
             raise RuntimeError("MCPBackend is closed")
         return self._lt.run(coro)
 
-    async def _hop(self, coro):
+    async def _hop(self, coro: Coroutine[Any, Any, _T]) -> _T:
         """Await `coro` on the backend's loop, from whichever loop calls."""
         if asyncio.get_running_loop() is self._lt.loop:
             return await coro
@@ -253,9 +260,12 @@ class MCPBackend(ClosedOnExit):
             return conn
 
     async def _toolset(self) -> dict:
-        tools, version, cursor = [], None, None
+        tools: list[types.Tool] = []
+        version: Any = None
+        cursor: str | None = None
         try:
             conn = await self._control()
+            assert conn.client is not None  # set once the connection is open
             while True:
                 page = await conn.client.list_tools(cursor=cursor)
                 version, tools = (page.meta or {}).get(VERSION_META, version), tools + page.tools
@@ -275,6 +285,7 @@ class MCPBackend(ClosedOnExit):
 
     async def _call(self, conn: _Connection, name: str, arguments: dict) -> ToolResult:
         timed_out = _error("timeout", f"the tool server did not answer within {self.timeout:g} s")
+        assert conn.client is not None  # set once the connection is open
         try:  # the SDK's own timeout answers first; wait_for only bounds what it does not cover
             result = await asyncio.wait_for(
                 conn.client.call_tool(name, arguments, read_timeout_seconds=self.timeout), self.timeout + 2
@@ -312,6 +323,7 @@ class MCPBackend(ClosedOnExit):
         if self._watcher is None or self._watcher.done():
             self._watch_ready = asyncio.get_running_loop().create_future()
             self._watcher = asyncio.create_task(self._watch(self._watch_ready))
+        assert self._watch_ready is not None  # created with the watcher
         await asyncio.wait_for(asyncio.shield(self._watch_ready), self.connect_timeout + self.timeout)
         return self._generation
 
@@ -321,10 +333,11 @@ class MCPBackend(ClosedOnExit):
         while not self._closed:
             try:
                 conn = await self._control()
+                assert conn.client is not None  # set once the connection is open
                 caps = conn.client.server_capabilities.tools
                 if not (caps and caps.list_changed):
                     raise ToolsChangedUnsupported(
-                        f"{self.url or self.command[0]} does not announce tool changes; poll list_tools"
+                        f"{self.url or cast(list[str], self.command)[0]} does not announce tool changes; poll list_tools"
                     )
                 async with (
                     conn.client.listen(tools_list_changed=True) if conn.modern else contextlib.nullcontext()

@@ -18,7 +18,7 @@ def toolset_from_openapi(doc: dict, label: str) -> dict:
     if not str(doc.get("openapi", "")).startswith("3"):
         raise ValueError(f"registry {label}: openapi version {doc.get('openapi')!r} is not supported; use OpenAPI 3.x")
     tools = []
-    for path, item in (doc.get("paths") or {}).items():
+    for item in (doc.get("paths") or {}).values():
         item = _resolve(item, doc, label)
         for method in _OPENAPI_METHODS:
             op = item.get(method)
@@ -47,20 +47,20 @@ def _operation_tool(op: dict, path_params: list, doc: dict, label: str) -> dict:
         if p.get("required") or where == "path":  # path parameters are always required
             required.append(pname)
     body = _resolve(op.get("requestBody") or {}, doc, label)
-    schema = _json_body_schema(body.get("content") or {})
-    if schema is not None:
-        schema = _merge_all_of(schema)
-        if "properties" in schema:
-            for key, sub in schema["properties"].items():
+    body_schema = _json_body_schema(body.get("content") or {})
+    if body_schema is not None:
+        body_schema = _merge_all_of(body_schema)
+        if "properties" in body_schema:
+            for key, sub in body_schema["properties"].items():
                 if key in properties:
                     raise ValueError(
                         f"registry {label}: operation {name!r}: request body property {key!r} "
                         f"clashes with a parameter of the same name; rename one of them"
                     )
                 properties[key] = sub
-            required += [r for r in schema.get("required", []) if r not in required]
+            required += [r for r in body_schema.get("required", []) if r not in required]
         else:  # a non-object body (array, string): offer it whole
-            properties["body"] = schema
+            properties["body"] = body_schema
             if body.get("required"):
                 required.append("body")
     return {

@@ -27,15 +27,22 @@ import random
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from tasks.envs.base import hash_split
 
+if TYPE_CHECKING:
+    from typing import Self
+
+    from tasks.envs import Environment
+    from tasks.envs.backends import ToolBackend, ToolSession
+    from tasks.envs.base import Task, Verifier
+
 ROOT = Path(__file__).resolve().parents[2]
-_backends: dict[str, object] = {}
+_backends: dict[str, ToolBackend] = {}
 
 
 class ToolsSpec(BaseModel):
@@ -46,7 +53,7 @@ class ToolsSpec(BaseModel):
     timeout: float = Field(10.0, gt=0, description="seconds a call may take before it is a timeout fault")
 
     @model_validator(mode="after")
-    def _one_server(self):
+    def _one_server(self) -> Self:
         if self.kind != "in_process" and (self.server is None) == (self.servers is None):
             raise ValueError(f"tools.kind={self.kind} needs exactly one of tools.server or tools.servers")
         return self
@@ -61,7 +68,7 @@ class EnvSpec(BaseModel):
     tools: ToolsSpec
 
     @model_validator(mode="after")
-    def _complete(self):
+    def _complete(self) -> Self:
         if (self.base is None) == (self.tasks is None):
             raise ValueError("give exactly one of base (an environment) or tasks (a JSONL file of tasks)")
         if self.base is None and self.verifier is None:
@@ -71,7 +78,7 @@ class EnvSpec(BaseModel):
         return self
 
 
-def load_spec(path: str | Path):
+def load_spec(path: str | Path) -> Environment:
     """The Environment a spec file declares; errors name the file and the field to fix."""
     from tasks.envs import Environment, get_env
 
@@ -84,23 +91,32 @@ def load_spec(path: str | Path):
         problems = "; ".join(f"{'.'.join(map(str, err['loc'])) or '(top)'}: {err['msg']}" for err in e.errors())
         raise ValueError(f"environment spec {path}: {problems}") from None
     base = get_env(spec.base) if spec.base else None
-    verify = _function(spec.verifier, path) if spec.verifier else base.verify
+    if spec.verifier:
+        verify = _function(spec.verifier, path)
+    else:
+        assert base is not None  # EnvSpec._complete: a spec without base names a verifier
+        verify = base.verify
     reference = str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)  # what tasks carry as env
 
-    def generate_tasks(n, seed, toolset=None, split=None, **kw):
+    def generate_tasks(
+        n: int, seed: int, toolset: dict | None = None, split: str | None = None, **kw: Any
+    ) -> list[Task]:
         if base is None:
+            assert spec.tasks is not None  # EnvSpec._complete: base or tasks
             return _file_tasks(path.parent / spec.tasks, n, seed, split, reference)
         tasks = base.generate_tasks(n, seed, toolset, split=split, **kw)
         version = None if toolset is None else toolset.get("version")
         return [replace(t, env=reference, data={**t.data, "toolset": version}) for t in tasks]
 
-    def open_session(task):
+    def open_session(task: Task) -> ToolSession:
         # tasks without a toolset are the base's own (desk's random schemas, for the bootstrap): no server has them
         if spec.tools.kind == "in_process" or (base is not None and task.data.get("toolset") is None):
+            assert base is not None  # EnvSpec._complete: in_process has a base
             return base.open_session(task)
         return _backend(spec.tools, task.data.get("toolset")).open_session(task.to_dict())
 
-    def task_from_trace(trace, toolset):
+    def task_from_trace(trace: dict, toolset: dict) -> Task | None:
+        assert base is not None and base.task_from_trace is not None  # offered only then
         task = base.task_from_trace(trace, toolset)
         return (
             None
@@ -119,7 +135,7 @@ def load_spec(path: str | Path):
     )
 
 
-def _function(ref: str, path: Path):
+def _function(ref: str, path: Path) -> Verifier:
     module, _, attr = ref.partition(":")
     try:
         return getattr(importlib.import_module(module), attr)
@@ -127,13 +143,14 @@ def _function(ref: str, path: Path):
         raise ImportError(f"environment spec {path}: verifier {ref!r} cannot load ({e})") from None
 
 
-def _backend(tools: ToolsSpec, version):
+def _backend(tools: ToolsSpec, version: object) -> ToolBackend:
     """The process's one backend for this server (opened at the first episode, closed at exit)."""
     server = tools.server
     if tools.servers is not None:
         if str(version) not in tools.servers:
             raise KeyError(f"tools.servers has no server for toolset {version!r}: add one ({sorted(tools.servers)})")
         server = tools.servers[str(version)]
+    assert server is not None  # ToolsSpec._one_server: server or servers
     if isinstance(server, list):
         server = [a.replace("{python}", sys.executable).replace("{root}", str(ROOT)) for a in server]
     key = json.dumps([tools.kind, server])
@@ -145,6 +162,8 @@ def _backend(tools: ToolsSpec, version):
         else:
             from tasks.envs.http_backend import ResourcesServerBackend
 
+            if not isinstance(server, str):
+                raise ValueError(f"tools.kind={tools.kind} needs a URL as its server, not a command: {server!r}")
             _backends[key] = ResourcesServerBackend(server, timeout=tools.timeout)
         if len(_backends) == 1:
             atexit.register(close_backends)
@@ -156,7 +175,7 @@ def close_backends() -> None:
         _backends.popitem()[1].close()
 
 
-def _file_tasks(path: Path, n: int, seed: int, split: str | None, reference: str) -> list:
+def _file_tasks(path: Path, n: int, seed: int, split: str | None, reference: str) -> list[Task]:
     """`n` tasks of the file (drawn with replacement, deterministic in seed), from `split` only."""
     from tasks.envs.base import Task
 

@@ -70,7 +70,7 @@ def load_toolset(source: str | Path | dict | list, env: str | None = None) -> di
     )
 
 
-def toolset_label(source, env: str | None = None) -> str:
+def toolset_label(source: str | Path, env: str | None = None) -> str:
     """A toolset's name in file and metric names: `v<N>` for a shipped version ("2", "v2"), else `ts-` and
     12 hex digits of its schema hash. A path, URL or MCP command never goes into a file name; the same
     tools give the same name whatever source they were read from."""
@@ -79,7 +79,7 @@ def toolset_label(source, env: str | None = None) -> str:
     return _hashed_label(str(source), env)
 
 
-def shipped_version(source) -> str | None:
+def shipped_version(source: object) -> str | None:
     """ "2" for a shipped version written "2", "v2" or "V2"; None for any other source (a file, URL, server)."""
     text = str(source)
     bare = text[1:] if text[:1] in "vV" else text
@@ -221,7 +221,7 @@ def check_tool(tool: Any, where: str) -> str:
     return fn["name"]
 
 
-def _unique_required(schema):
+def _unique_required(schema: Any) -> Any:
     """The schema with each `required` list deduplicated: a repeated name is sloppy, not ambiguous, and the
     normalised tool (tasks.signals.toolset_hash) drops the repeat anyway."""
     if isinstance(schema, dict):

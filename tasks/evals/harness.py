@@ -10,11 +10,16 @@ is paired. The per-task table has one row per task: greedy success, mean sampled
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from tasks.envs import new_episode
 from tasks.envs.base import Task
 from tasks.evals.intervals import mean_ci, paired_bootstrap
 from tasks.policy.backends import Sampling
+
+if TYPE_CHECKING:
+    from tasks.policy.backends import HFBackend, VLLMBackend
+    from tasks.policy.chat import ChatFormat
 
 
 @dataclass
@@ -29,9 +34,9 @@ class EvalResult:
 
 
 def score_attempts(
-    backend,
+    backend: HFBackend | VLLMBackend,
     tasks: list[Task],
-    chat,
+    chat: ChatFormat,
     samples: int,
     temperature: float,
     seed: int,
@@ -52,7 +57,7 @@ def score_attempts(
         episode_ids=[(first_index + i) * 1000 + k for i in range(len(tasks)) for k in range(samples)],
     )
     table = []
-    for i, (task, g) in enumerate(zip(tasks, greedy_eps)):
+    for i, (task, g) in enumerate(zip(tasks, greedy_eps, strict=True)):
         scores = [e.score() for e in sampled_eps[i * samples : (i + 1) * samples]]
         gs = g.score()
         table.append(

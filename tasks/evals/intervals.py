@@ -6,6 +6,8 @@ scores together, which is what makes a small true difference on the same tasks d
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 
@@ -18,7 +20,9 @@ def _percentile_ci(values: np.ndarray, resamples: int, confidence: float, seed: 
     return float(np.quantile(means, alpha)), float(np.quantile(means, 1 - alpha))
 
 
-def mean_ci(values, resamples: int = 2000, confidence: float = 0.95, seed: int = 0) -> dict:
+def mean_ci(
+    values: Sequence[float] | np.ndarray, resamples: int = 2000, confidence: float = 0.95, seed: int = 0
+) -> dict:
     v = np.asarray(values, dtype=float)
     if v.size == 0:
         raise ValueError("mean_ci needs at least one value")
@@ -26,12 +30,18 @@ def mean_ci(values, resamples: int = 2000, confidence: float = 0.95, seed: int =
     return {"mean": float(v.mean()), "low": lo, "high": hi, "n": int(v.size), "confidence": confidence}
 
 
-def paired_bootstrap(a, b, resamples: int = 2000, confidence: float = 0.95, seed: int = 0) -> dict:
+def paired_bootstrap(
+    a: Sequence[float] | np.ndarray,
+    b: Sequence[float] | np.ndarray,
+    resamples: int = 2000,
+    confidence: float = 0.95,
+    seed: int = 0,
+) -> dict:
     """Interval of mean(a - b) over paired samples (a[i], b[i] measured on the same task i)."""
-    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
-    if a.shape != b.shape or a.size == 0:
-        raise ValueError(f"paired_bootstrap needs two equal, non-empty samples; got {a.shape} and {b.shape}")
-    d = a - b
+    x, y = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if x.shape != y.shape or x.size == 0:
+        raise ValueError(f"paired_bootstrap needs two equal, non-empty samples; got {x.shape} and {y.shape}")
+    d = x - y
     lo, hi = _percentile_ci(d, resamples, confidence, seed)
     return {
         "mean": float(d.mean()),

@@ -19,12 +19,20 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from tasks.envs.base import Episode
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+    from vllm import SamplingParams
+    from vllm.lora.request import LoRARequest
+
+    from tasks.policy.chat import ChatFormat
 
 
 @dataclass(frozen=True)
@@ -40,7 +48,7 @@ class Sampling:
 class HFBackend:
     name = "hf"
 
-    def __init__(self, model, chat, threads: int | None = None):
+    def __init__(self, model: PreTrainedModel, chat: ChatFormat, threads: int | None = None) -> None:
         self.model, self.chat = model, chat
         if threads:
             torch.set_num_threads(threads)
@@ -49,7 +57,9 @@ class HFBackend:
         self.model.load_state_dict(state_dict)
 
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], max_tokens: list[int], sampling: Sampling, gen_seed: int):
+    def generate(
+        self, prompts: list[list[int]], max_tokens: list[int], sampling: Sampling, gen_seed: int
+    ) -> list[tuple[list[int], list[float]]]:
         """(completion ids, sampled-token logprobs) per prompt, one left-padded `generate` call."""
         chat = self.chat
         width = max(len(p) for p in prompts)
@@ -78,7 +88,8 @@ class HFBackend:
         chosen = scores.gather(-1, new.unsqueeze(-1)).squeeze(-1)
         results = []
         for i in range(len(prompts)):
-            toks, lps = [], []
+            toks: list[int] = []
+            lps: list[float] = []
             for t in range(min(new.shape[1], max_tokens[i])):
                 toks.append(int(new[i, t]))
                 lps.append(float(chosen[i, t]))
@@ -91,7 +102,7 @@ class HFBackend:
         self,
         episodes: list[Episode],
         sampling: Sampling,
-        on_done: Callable | None = None,
+        on_done: Callable[[Episode], object] | None = None,
         episode_ids: list[int] | None = None,
     ) -> dict:
         """`episode_ids` is accepted for the common interface; `generate` cannot seed rows one by one,
@@ -104,7 +115,7 @@ class HFBackend:
                 sampling,
                 gen_seed=sampling.request_seed(0, turn),
             )
-            for e, (toks, lps) in zip(active, results):
+            for e, (toks, lps) in zip(active, results, strict=True):
                 e.add_completion(toks, lps)
                 tokens += len(toks)
                 if e.done and on_done:
@@ -122,7 +133,7 @@ class _UnboundProxy:
 
 
 @contextlib.contextmanager
-def _unbound_proxies_hidden():
+def _unbound_proxies_hidden() -> Iterator[None]:
     """vLLM scans every loaded module's globals while it builds an engine (its Triton kernel overrides) and
     calls hasattr() on each value; a werkzeug LocalProxy outside its context (Flask's `current_app`, `g`,
     `request`, loaded with Airflow or MLflow) raises RuntimeError there instead of AttributeError, and the
@@ -130,7 +141,7 @@ def _unbound_proxies_hidden():
     back after."""
     local = sys.modules.get("werkzeug.local")
     proxy_type = getattr(local, "LocalProxy", None)
-    swapped = []
+    swapped: list[tuple[dict[str, Any], str, Any]] = []
     if proxy_type is not None:
         for module in list(sys.modules.values()):
             try:
@@ -164,7 +175,7 @@ class VLLMBackend:
         weight_transfer: str | None = None,
         dtype: str = "float32",
         lora_rank: int | None = None,
-    ):
+    ) -> None:
         """`weight_transfer`: a vLLM weight-transfer backend ("gloo" or "nccl"; tasks/rl/weight_transfer.py)
         to build the engine with, so that a trainer can broadcast weights into it. `lora_rank`: build it
         with LoRA enabled up to that rank (one adapter at a time: each policy version replaces the last)."""
@@ -173,7 +184,7 @@ class VLLMBackend:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         from vllm import LLM
 
-        extra = {}
+        extra: dict[str, Any] = {}
         if weight_transfer:
             from tasks.rl.weight_transfer import engine_transfer_config
 
@@ -202,7 +213,8 @@ class VLLMBackend:
             )
         self.engine = self.llm.llm_engine
         self._next_id = 0
-        self.lora = None  # the LoRARequest every request carries (the policy version's adapter), if any
+        # the LoRARequest every request carries (the policy version's adapter), if any
+        self.lora: LoRARequest | None = None
         self._lora_ids = 0
 
     def load_weights(self, state_dict: dict) -> None:
@@ -261,7 +273,7 @@ class VLLMBackend:
     def shutdown_weight_transfer(self) -> None:
         self.llm.shutdown_weight_transfer_engine()
 
-    def _params(self, sampling: Sampling, max_tokens: int, seed: int):
+    def _params(self, sampling: Sampling, max_tokens: int, seed: int) -> SamplingParams:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -279,21 +291,21 @@ class VLLMBackend:
         self,
         episodes: list[Episode],
         sampling: Sampling,
-        on_done: Callable | None = None,
+        on_done: Callable[[Episode], object] | None = None,
         episode_ids: list[int] | None = None,
     ) -> dict:
         episode_ids = episode_ids or list(range(len(episodes)))
         inflight: dict[str, tuple[Episode, int]] = {}
         tokens = 0
 
-        def submit(ep: Episode, eid: int):
+        def submit(ep: Episode, eid: int) -> None:
             rid = f"r{self._next_id}"
             self._next_id += 1
             params = self._params(sampling, ep.remaining_tokens(), sampling.request_seed(eid, ep.turns))
             self.engine.add_request(rid, {"prompt_token_ids": ep.prompt_ids()}, params, lora_request=self.lora)
             inflight[rid] = (ep, eid)
 
-        for ep, eid in zip(episodes, episode_ids):
+        for ep, eid in zip(episodes, episode_ids, strict=True):
             if not ep.done:
                 submit(ep, eid)
         while inflight:
@@ -303,7 +315,7 @@ class VLLMBackend:
                 ep, eid = inflight.pop(out.request_id)
                 comp = out.outputs[0]
                 toks = list(comp.token_ids)  # ends with the EOS id when the turn stopped on it
-                lps = [d[t].logprob for t, d in zip(toks, comp.logprobs)]
+                lps = [d[t].logprob for t, d in zip(toks, comp.logprobs, strict=True)]
                 ep.add_completion(toks, lps)
                 tokens += len(toks)
                 if ep.done:

@@ -23,10 +23,14 @@ import logging
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
 
-PROBE_TOOL = {
+PROBE_TOOL: dict[str, Any] = {
     "type": "function",
     "function": {
         "name": "evergreen_probe_tool",
@@ -60,7 +64,7 @@ def tool_parser_names() -> list[str]:
     return sorted(ToolParserManager.list_registered())
 
 
-def tool_parser(name: str, tokenizer):
+def tool_parser(name: str, tokenizer: PreTrainedTokenizerBase) -> Any:
     """An instance of vLLM's tool parser `name` for `tokenizer`; ModelFormatError naming the setting when
     the name is unknown or the parser cannot work with this tokenizer (a missing call token)."""
     from vllm.tool_parsers import ToolParserManager
@@ -73,7 +77,7 @@ def tool_parser(name: str, tokenizer):
         ) from None
     try:
         parser = cls(tokenizer)
-    except Exception as e:  # noqa: BLE001 - parsers raise RuntimeError, KeyError, ... for a vocabulary mismatch
+    except Exception as e:
         raise ModelFormatError(
             f"model.tool_call_parser={name!r} cannot read this tokenizer's calls "
             f"({type(e).__name__}: {e}); pick the parser of the model's chat template"
@@ -90,7 +94,7 @@ def _drop_parse_errors(record: logging.LogRecord) -> bool:
     return record.exc_info is None
 
 
-def _call_markers(parser) -> list[str]:
+def _call_markers(parser: Any) -> list[str]:
     return [
         m
         for m in (getattr(parser, a, None) for a in ("tool_call_start_token", "tool_call_end_token", "bot_token"))
@@ -101,7 +105,9 @@ def _call_markers(parser) -> list[str]:
 class ChatFormat:
     """What an episode needs of a model: template rendering to ids, decoding, and tool-call parsing."""
 
-    def __init__(self, tokenizer, tool_call_parser: str = "hermes", stop_ids: list[int] | None = None):
+    def __init__(
+        self, tokenizer: PreTrainedTokenizerBase, tool_call_parser: str = "hermes", stop_ids: list[int] | None = None
+    ) -> None:
         self.tokenizer = tokenizer
         self.parser_name = tool_call_parser
         ids = [tokenizer.eos_token_id, *(stop_ids or [])]
@@ -120,7 +126,7 @@ class ChatFormat:
         tool_call_parser: str = "hermes",
         revision: str | None = None,
         trust_remote_code: bool = False,
-    ) -> "ChatFormat":
+    ) -> ChatFormat:
         """The format of a model directory; ModelFormatError when the loop cannot run it."""
         from transformers import AutoTokenizer, GenerationConfig
 
@@ -159,7 +165,7 @@ class ChatFormat:
         self.parser  # noqa: B018 - raises ModelFormatError for an unknown or unusable parser
 
     @cached_property
-    def parser(self):
+    def parser(self) -> Any:
         return tool_parser(self.parser_name, self.tokenizer)
 
     def render(self, messages: list[dict], tools: list[dict] | None, generation_prompt: bool) -> list[int]:
@@ -186,7 +192,9 @@ class ChatFormat:
         base = [messages[0], messages[k - 1]] if k >= 2 else messages[:k]
         before = self.render(base, tools, generation_prompt=False)
         after = self.render(base + messages[k:], tools, generation_prompt=True)
-        common = next((i for i, (a, b) in enumerate(zip(before, after)) if a != b), min(len(before), len(after)))
+        common = next(
+            (i for i, (a, b) in enumerate(zip(before, after, strict=False)) if a != b), min(len(before), len(after))
+        )
         if common < len(before):
             log.warning(
                 "the chat template re-renders the turn before a tool message once the message is added; "
@@ -215,9 +223,10 @@ class ChatFormat:
 
     def parse(self, text: str) -> ParsedTurn:
         """The calls in a turn's text, by the model's tool parser; never raises."""
+        failure: str | None
         try:
             info = self.parser.extract_tool_calls(text, None)
-        except Exception as e:  # noqa: BLE001 - a parser bug must not end the rollout batch
+        except Exception as e:
             info, failure = None, f"{type(e).__name__}"
         else:
             failure = None
@@ -230,7 +239,7 @@ class ChatFormat:
         return ParsedTurn(text, [], False)
 
     @staticmethod
-    def _call(name, arguments: str | dict) -> ParsedCall:
+    def _call(name: object, arguments: str | dict) -> ParsedCall:
         if not isinstance(name, str) or not name:
             return ParsedCall(None, None, 'tool call must have a string "name"')
         if isinstance(arguments, str):

@@ -15,6 +15,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+    from peft import PeftModel
+
+    from tasks.config_sections import LoraSettings
 
 # vLLM's accepted `max_lora_rank` values (vllm/config/lora.py): an engine is built with the smallest one
 # that holds the adapter's rank
@@ -30,7 +37,7 @@ def engine_rank(rank: int) -> int:
     raise ValueError(f"grpo.lora.rank={rank} exceeds vLLM's largest LoRA rank {ENGINE_RANKS[-1]}: lower it")
 
 
-def wrap(model, lora_settings):
+def wrap(model: torch.nn.Module, lora_settings: LoraSettings) -> PeftModel:
     """`model` under a fresh peft LoRA adapter (B = 0: the wrapped model computes exactly what `model` did)."""
     from peft import LoraConfig, get_peft_model
 
@@ -53,13 +60,13 @@ def wrap(model, lora_settings):
     return get_peft_model(model, config)
 
 
-def adapter_config(model) -> dict:
+def adapter_config(model: PeftModel) -> dict:
     """The adapter's `adapter_config.json` as a dict (JSON types only)."""
     config = model.peft_config["default"].to_dict()
     return json.loads(json.dumps(config, default=lambda v: sorted(v) if isinstance(v, set) else str(v)))
 
 
-def adapter_state(model) -> dict:
+def adapter_state(model: PeftModel) -> dict:
     """What a sync moves: the adapter's config and CPU copies of its tensors (peft's names, as saved)."""
     from peft import get_peft_model_state_dict
 
@@ -92,7 +99,7 @@ def base_reference(base_dir: str | Path) -> dict:
     return {"path": str(base_dir), "manifest_sha256": sha256_file(manifest) if manifest.exists() else None}
 
 
-def save_adapter(model, directory: str | Path, base_dir: str | Path) -> Path:
+def save_adapter(model: PeftModel, directory: str | Path, base_dir: str | Path) -> Path:
     """The trained adapter as peft saves it, its base named in `adapter_config.json` and `base.json`."""
     adapter = adapter_state(model)
     base = base_reference(base_dir)
@@ -102,7 +109,7 @@ def save_adapter(model, directory: str | Path, base_dir: str | Path) -> Path:
     return directory
 
 
-def restore_adapter(model, directory: str | Path) -> None:
+def restore_adapter(model: PeftModel, directory: str | Path) -> None:
     """Load a checkpoint's adapter tensors into the peft `model` in place."""
     from peft import set_peft_model_state_dict
     from safetensors.torch import load_file
@@ -120,9 +127,9 @@ class BaseOf:
     copy of the weights in memory (called like a model; not a module, so the policy's parameters are not
     listed twice)."""
 
-    def __init__(self, peft_model):
+    def __init__(self, peft_model: PeftModel) -> None:
         self.peft_model = peft_model
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         with self.peft_model.disable_adapter():
             return self.peft_model(*args, **kwargs)

@@ -14,17 +14,25 @@ import json
 import shutil
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from tasks import storage
 from tasks.policy.chat import ChatFormat
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+    from tasks.config_sections import ModelSettings
+
 ADAPTER_DIR = "adapter"  # a LoRA-trained model keeps the adapter it was merged from here (tasks/policy/lora.py)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def build_model(model_settings, chat: ChatFormat | None = None, env_name: str | None = None) -> tuple:
+def build_model(
+    model_settings: ModelSettings, chat: ChatFormat | None = None, env_name: str | None = None
+) -> tuple[PreTrainedModel, ChatFormat]:
     """(the tiny Llama of the embedded default with random weights, its ChatFormat); the tokenizer is
     `model.tokenizer`'s, a BPE learning its merges from `env_name`'s demonstrations (None: the default
     environment's)."""
@@ -53,7 +61,11 @@ def build_model(model_settings, chat: ChatFormat | None = None, env_name: str | 
 
 
 def save_model(
-    model, chat: ChatFormat, directory: str | Path, toolset: dict | None = None, adapter: str | Path | None = None
+    model: PreTrainedModel,
+    chat: ChatFormat,
+    directory: str | Path,
+    toolset: dict | None = None,
+    adapter: str | Path | None = None,
 ) -> Path:
     """Write atomically: a half-written model directory is never visible under its final name.
 
@@ -120,7 +132,7 @@ def _model_of_mlmodel(directory: Path) -> Path:
     return inner if (directory / "MLmodel").exists() and (inner / "config.json").exists() else directory
 
 
-def _resolve(uri: str, cache_dir, revision) -> Path:
+def _resolve(uri: str, cache_dir: str | Path | None, revision: str | None) -> Path:
     if uri.startswith("models:/") or uri.startswith("runs:/"):
         import mlflow
 
@@ -171,19 +183,24 @@ def _looks_like_hub_id(uri: str) -> bool:
     return len(parts) == 2 and all(parts) and not uri.startswith((".", "~"))
 
 
-def _hub_snapshot(repo_id: str, revision: str | None, cache_dir) -> Path:
+def _hub_snapshot(repo_id: str, revision: str | None, cache_dir: str | Path | None) -> Path:
     from huggingface_hub import snapshot_download
 
     try:
         return Path(snapshot_download(repo_id, revision=revision, cache_dir=str(cache_dir) if cache_dir else None))
-    except Exception as e:  # noqa: BLE001 - offline, unknown repo, gated repo: one message for each
+    except Exception as e:
         raise FileNotFoundError(
             f"model.name_or_path={repo_id!r} is neither a local model directory nor a "
             f"Hugging Face Hub model this machine can download ({type(e).__name__}: {e})"
         ) from e
 
 
-def load_model(uri: str | Path, cache_dir: str | Path | None = None, model_settings=None, checksums: bool = True):
+def load_model(
+    uri: str | Path,
+    cache_dir: str | Path | None = None,
+    model_settings: ModelSettings | None = None,
+    checksums: bool = True,
+) -> tuple[PreTrainedModel, ChatFormat, Path]:
     """(model in eval mode, its ChatFormat, local directory) for a model URI. The checksums written by
     save_model are verified (storage.ChecksumError for a changed or missing file; `checksums=False` only for
     a team's own checkpoint, which Evergreen did not save); `model_settings` gives dtype, revision,
@@ -204,12 +221,12 @@ def load_model(uri: str | Path, cache_dir: str | Path | None = None, model_setti
     return model, chat, directory
 
 
-def state_dict_cpu(model) -> dict[str, torch.Tensor]:
+def state_dict_cpu(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Detached, contiguous CPU tensors under Hugging Face names (what engines load)."""
     return {k: v.to("cpu") for k, v in state_dict_snapshot(model).items()}
 
 
-def state_dict_snapshot(model) -> dict[str, torch.Tensor]:
+def state_dict_snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Detached, contiguous copies under Hugging Face names, on the model's device: a snapshot the next
     optimizer step does not change (GPU to GPU transfers send these without a trip through the CPU)."""
     model = getattr(model, "module", model)  # unwrap DDP

@@ -16,6 +16,8 @@ import logging
 import math
 import random
 import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -23,12 +25,16 @@ import torch.nn.functional as F
 from tasks.envs import get_env, new_episode
 from tasks.rl.grpo import pad_batch
 
+if TYPE_CHECKING:
+    from tasks.config import Settings
+    from tasks.policy.chat import ChatFormat
+
 log = logging.getLogger(__name__)
 
 
 def demonstration_batch(
     env_name: str,
-    chat,
+    chat: ChatFormat,
     n: int,
     seed: int,
     max_len: int,
@@ -94,7 +100,7 @@ def _typo(name: str, rng: random.Random) -> str:
     return name[:i] + rng.choice([c for c in "abcdefghijklmnopqrstuvwxyz" if c != name[i]]) + name[i + 1 :]
 
 
-def demonstration_loss(model, batch: list[tuple[list[int], list[int]]], pad_id: int) -> torch.Tensor:
+def demonstration_loss(model: torch.nn.Module, batch: list[tuple[list[int], list[int]]], pad_id: int) -> torch.Tensor:
     """Mean next-token NLL over the assistant's own tokens of a demonstration batch."""
     device = next(model.parameters()).device
     ids, attn, mask = pad_batch([s for s, _ in batch], [m for _, m in batch], pad_id, device)
@@ -102,7 +108,7 @@ def demonstration_loss(model, batch: list[tuple[list[int], list[int]]], pad_id: 
 
 
 def demonstration_backward(
-    model, batch: list[tuple[list[int], list[int]]], pad_id: int, micro_batches: int = 1
+    model: torch.nn.Module, batch: list[tuple[list[int], list[int]]], pad_id: int, micro_batches: int = 1
 ) -> float:
     """Backpropagate `demonstration_loss` of `batch` through `micro_batches` length-sorted slices; returns it.
 
@@ -126,7 +132,7 @@ def demonstration_backward(
     return total
 
 
-def _summed_nll(model, ids: torch.Tensor, attn: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def _summed_nll(model: torch.nn.Module, ids: torch.Tensor, attn: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]
     nll = F.cross_entropy(logits.reshape(-1, logits.size(-1)), ids[:, 1:].reshape(-1), reduction="none")
     return (nll * mask.reshape(-1)).sum()
@@ -145,7 +151,12 @@ def lr_factor(step: int, total: int, warmup: float = 0.05, hold: float = 0.7) ->
     return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - h) / max(1, total - h)))
 
 
-def sft_train(model, chat, settings, progress=None) -> list[float]:
+def sft_train(
+    model: torch.nn.Module,
+    chat: ChatFormat,
+    settings: Settings,
+    progress: Callable[[int, int, float], object] | None = None,
+) -> list[float]:
     """Train in place; returns the loss per step. `progress(step, total, loss)` is called every step."""
     b = settings.bootstrap
     if b.threads:

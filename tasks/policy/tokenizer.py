@@ -19,6 +19,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
+
+    from tasks.config_sections import ModelSettings
+    from tasks.policy.chat import ChatFormat
 
 PAD, BOS, EOS = "<pad>", "<s>", "<|end|>"
 ROLES = ["<|system|>", "<|user|>", "<|assistant|>", "<|tool|>"]
@@ -37,7 +44,7 @@ def _markers() -> list[str]:
     return [PAD, BOS, EOS, *ROLES, *CALL_MARKERS]
 
 
-def _wrap(backend, template: str | None):
+def _wrap(backend: Any, template: str | None) -> PreTrainedTokenizerFast:
     """The `tokenizers` object as a transformers tokenizer with its specials and chat template."""
     from tokenizers import AddedToken
     from transformers import PreTrainedTokenizerFast
@@ -50,7 +57,7 @@ def _wrap(backend, template: str | None):
     return tokenizer
 
 
-def char_tokenizer(template: str | None = None):
+def char_tokenizer(template: str | None = None) -> PreTrainedTokenizerFast:
     """Markers first (ids 0-8: pad, bos, eos, the four roles, the two call markers), then one id per character."""
     from tokenizers import Tokenizer, decoders, models
 
@@ -61,7 +68,7 @@ def char_tokenizer(template: str | None = None):
     return _wrap(backend, template)
 
 
-def bpe_tokenizer(texts: Iterable[str], vocab_size: int, template: str | None = None):
+def bpe_tokenizer(texts: Iterable[str], vocab_size: int, template: str | None = None) -> PreTrainedTokenizerFast:
     """The character vocabulary plus merges learnt from `texts` up to `vocab_size` entries."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -86,9 +93,8 @@ def environment_text(env_name: str | None, n: int = 600, seed: int = 7) -> list[
     sequences will be made of)."""
     import random
 
-    from tasks.envs import get_env, new_episode
-
     from tasks.config_sections import EnvSettings
+    from tasks.envs import get_env, new_episode
 
     env, chat = get_env(env_name or EnvSettings.model_fields["name"].default), default_chat()
     if env.demonstration is None:
@@ -106,14 +112,14 @@ def environment_text(env_name: str | None, n: int = 600, seed: int = 7) -> list[
     return texts
 
 
-def default_tokenizer(model_settings, env_name: str | None = None):
+def default_tokenizer(model_settings: ModelSettings, env_name: str | None = None) -> PreTrainedTokenizerFast:
     """The embedded default's tokenizer as `model.tokenizer` chooses it."""
     if model_settings.tokenizer == "bpe":
         return bpe_tokenizer(environment_text(env_name), model_settings.bpe_vocab_size)
     return char_tokenizer()
 
 
-def default_chat(tool_call_parser: str = "hermes"):
+def default_chat(tool_call_parser: str = "hermes") -> ChatFormat:
     """The embedded default's ChatFormat (the character tokenizer and its template)."""
     from tasks.policy.chat import ChatFormat
 

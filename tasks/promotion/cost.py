@@ -39,8 +39,12 @@ import math
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import yaml
+
+if TYPE_CHECKING:
+    from tasks.config_sections import CostSettings
 
 KINDS = ("cpu", "gpu", "serving")
 # One accepted unit per kind: the ledger multiplies the price by exactly this quantity, so a price in any
@@ -124,26 +128,26 @@ def load_prices(path: str | Path) -> PriceTable:
     return PriceTable(currency="USD", entries=entries, path=str(path))
 
 
-def _entry(kind: str, key: str, entry, errors: list[str]) -> Price | None:
+def _entry(kind: str, key: str, entry: Any, errors: list[str]) -> Price | None:
     where = f"{kind}.{key}"
     if not isinstance(entry, dict):
         errors.append(f"{where}: must be a mapping with price, unit, source, read_on")
         return None
     n = len(errors)
-    price = entry.get("price")
+    price: Any = entry.get("price")  # a YAML value, checked below
     # bool is an int in Python; `price: yes` is a typo, not a price
     if isinstance(price, bool) or not isinstance(price, (int, float)) or not math.isfinite(price) or price <= 0:
         errors.append(f"{where}: price must be a number > 0 (got {price!r}); write the list price in {UNITS[kind]}")
-    unit = entry.get("unit")
+    unit: Any = entry.get("unit")
     if unit != UNITS[kind]:
         errors.append(
             f"{where}: unit must be {UNITS[kind]!r} (got {unit!r}); convert the price (e.g. divide an "
             f"instance-hour price by its vCPUs or GPUs) and write that unit"
         )
-    source = entry.get("source")
+    source: Any = entry.get("source")
     if not isinstance(source, str) or not re.match(r"^https?://\S+$", source):
         errors.append(f"{where}: source must be the public URL the price was read from (got {source!r})")
-    read_on = entry.get("read_on")
+    read_on: Any = entry.get("read_on")
     if isinstance(read_on, (_dt.date, _dt.datetime)):  # an unquoted 2025-06-01 arrives as a date
         read_on = read_on.isoformat()[:10]
     if not isinstance(read_on, str) or not _READ_ON.match(read_on):
@@ -177,7 +181,7 @@ class StageUsage:
     tokens_generated: int = 0
     tokens_trained: int = 0
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         for name in ("wall_s", "cpus", "gpus", "tokens_generated", "tokens_trained"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
@@ -194,7 +198,7 @@ class ServingProjection:
     champion_tokens_per_episode: float
     challenger_tokens_per_episode: float
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         for name in ("champion_tokens_per_episode", "challenger_tokens_per_episode"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
@@ -203,7 +207,7 @@ class ServingProjection:
 
 def ledger(
     stages: list[StageUsage],
-    cost_settings,
+    cost_settings: CostSettings,
     prices: PriceTable,
     serving: ServingProjection | None = None,
     success_gain_points: float | None = None,
@@ -216,14 +220,21 @@ def ledger(
     cpu_price = prices.choose("cpu", cost_settings.cpu_price)
     # the GPU price is looked up only when a stage held a GPU: a CPU-only deployment needs no GPU entry
     gpu_price = prices.choose("gpu", cost_settings.gpu_price) if any(s.gpus > 0 for s in stages) else None
-    rows = []
+    rows: list[dict[str, Any]] = []
     for s in stages:
-        if s.gpus > 0 and s.gpu_type and gpu_price.gpu.lower() not in s.gpu_type.lower():
-            same = sorted(k for k, p in prices.entries["gpu"].items() if p.gpu.lower() in s.gpu_type.lower())
-            raise ValueError(
-                f"stage {s.stage!r} held {s.gpu_type!r} GPUs but cost.gpu_price={cost_settings.gpu_price!r} "
-                f"prices a {gpu_price.gpu}; set cost.gpu_price to one of {same or 'a new entry for that GPU'}"
-            )
+        if s.gpus > 0 and s.gpu_type:
+            # looked up above (a stage holds a GPU); a gpu entry names its GPU (load_prices checks it)
+            assert gpu_price is not None and gpu_price.gpu is not None
+            if gpu_price.gpu.lower() not in s.gpu_type.lower():
+                same = sorted(
+                    k
+                    for k, p in prices.entries["gpu"].items()
+                    if p.gpu is not None and p.gpu.lower() in s.gpu_type.lower()
+                )
+                raise ValueError(
+                    f"stage {s.stage!r} held {s.gpu_type!r} GPUs but cost.gpu_price={cost_settings.gpu_price!r} "
+                    f"prices a {gpu_price.gpu}; set cost.gpu_price to one of {same or 'a new entry for that GPU'}"
+                )
         hours = s.wall_s / 3600
         cpu_core_hours, gpu_hours = s.cpus * hours, s.gpus * hours
         cpu_usd = cpu_core_hours * cpu_price.price
@@ -249,7 +260,9 @@ def ledger(
     trained = sum(r["tokens_trained"] for r in rows)
     tokens = generated + trained
 
-    serving_report, serving_delta_usd, serving_price = None, None, None
+    serving_report: dict[str, float] | None = None
+    serving_delta_usd: float | None = None
+    serving_price: Price | None = None
     if serving is not None:
         serving_price = prices.choose("serving", cost_settings.serving_price)
         delta_tokens = serving.challenger_tokens_per_episode - serving.champion_tokens_per_episode

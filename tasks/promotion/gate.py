@@ -35,14 +35,18 @@ not decisions. Pure Python; nothing runs at import time.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING, Any
 
 from tasks.stages.contracts import Decision
+
+if TYPE_CHECKING:
+    from tasks.config_sections import PromotionSettings
 
 REQUIRED_VALIDATIONS = ("data", "evals")
 _EPS = 1e-9
 
 
-def _number(where: str, value) -> float:
+def _number(where: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         # numpy floats are float subclasses and pass; NaN/inf would make every comparison below meaningless
         raise ValueError(
@@ -73,7 +77,7 @@ def _interval(d: dict) -> str:
     return f"mean {_pts(d['mean'])}, {d['confidence']:.0%} interval [{_pts(d['low'])}, {_pts(d['high'])}], n={d['n']}"
 
 
-def _check(name, passed, observed, threshold, unit, reason, **details) -> dict:
+def _check(name: str, passed: object, observed: Any, threshold: Any, unit: str, reason: str, **details: Any) -> dict:
     return {
         "name": name,
         "passed": bool(passed),
@@ -85,7 +89,9 @@ def _check(name, passed, observed, threshold, unit, reason, **details) -> dict:
     }
 
 
-def decide(target: dict, guards: dict[str, dict], validations: dict[str, bool], cost: dict, settings) -> Decision:
+def decide(
+    target: dict, guards: dict[str, dict], validations: dict[str, bool], cost: dict, settings: PromotionSettings
+) -> Decision:
     """Judge a challenger; `settings` is `Settings.promotion`. Deterministic in its inputs."""
     t = _difference("target", target)
     g = {name: _difference(f"guard {name}", guards[name]) for name in sorted(guards)}

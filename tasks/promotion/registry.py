@@ -32,7 +32,7 @@ def _move_key(run_key: str) -> str:
 
 
 class ModelRegistry:
-    def __init__(self, name: str, client=None):
+    def __init__(self, name: str, client: Any = None) -> None:
         from tasks.tracking import fail_fast
 
         fail_fast()

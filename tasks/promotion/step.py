@@ -15,22 +15,28 @@ decision is tagged on the version and logged, and the aliases stay.
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 from tasks.promotion.cost import ServingProjection, StageUsage, ledger, load_prices
 from tasks.promotion.gate import decide
+
+if TYPE_CHECKING:
+    from tasks.config import Settings
+    from tasks.stages.contracts import Decision
+    from tasks.tracking import Tracker
 
 log = logging.getLogger(__name__)
 
 
 def price_run(
-    settings, comparisons: dict[str, dict], stages: list[StageUsage], serving: ServingProjection | None = None
+    settings: Settings, comparisons: dict[str, dict], stages: list[StageUsage], serving: ServingProjection | None = None
 ) -> dict:
     """The cost ledger of the run (tasks.promotion.cost.ledger) with the target's gain in points."""
     gain_points = 100.0 * comparisons[settings.env.target_toolset]["difference"]["mean"]
     return ledger(stages, settings.cost, load_prices(settings.cost.prices_file), serving, gain_points)
 
 
-def judge(settings, comparisons: dict[str, dict], validations: dict[str, bool], cost: dict):
+def judge(settings: Settings, comparisons: dict[str, dict], validations: dict[str, bool], cost: dict) -> Decision:
     """The gate's Decision: the target registry's comparison is the target, every other one a guard."""
     from tasks.envs.toolset import toolset_label
 
@@ -44,13 +50,13 @@ def judge(settings, comparisons: dict[str, dict], validations: dict[str, bool], 
 
 
 def apply_decision(
-    settings,
-    decision,
+    settings: Settings,
+    decision: Decision,
     cost: dict,
     comparisons: dict[str, dict],
     run_id: str,
     run_key: str,
-    tracker=None,
+    tracker: Tracker | None = None,
     version_tags: dict | None = None,
     champion_version: str | None = None,
 ) -> dict:

@@ -14,17 +14,21 @@ import random
 import shutil
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    from tasks.policy.chat import ChatFormat
 
 
 def save_checkpoint(
     directory: str | Path,
     step: int,
-    model,
-    chat,
-    optimizer,
+    model: torch.nn.Module,
+    chat: ChatFormat,
+    optimizer: torch.optim.Optimizer,
     extra: dict | None = None,
     keep: int = 2,
     protected: tuple[int, ...] = (),
@@ -63,7 +67,7 @@ def latest_checkpoint(directory: str | Path) -> Path | None:
     return found[-1] if found else None
 
 
-def restore_weights(path: str | Path, model) -> None:
+def restore_weights(path: str | Path, model: torch.nn.Module) -> None:
     """Load a checkpoint's weights (or, with grpo.lora, its adapter) into `model` in place."""
     from safetensors.torch import load_file
 
@@ -76,7 +80,7 @@ def restore_weights(path: str | Path, model) -> None:
         getattr(model, "module", model).load_state_dict(load_file(path / "model.safetensors"))
 
 
-def restore_checkpoint(path: str | Path, model, optimizer) -> dict:
+def restore_checkpoint(path: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
     """Load weights, optimizer and RNG states in place; returns the saved state (with `step`)."""
     path = Path(path)
     restore_weights(path, model)
@@ -94,7 +98,8 @@ def restore_checkpoint(path: str | Path, model, optimizer) -> dict:
 def rng_to_json() -> dict:
     """Python's and numpy's global RNG states as JSON (lists of ints), exactly restorable."""
     version, internal, gauss = random.getstate()
-    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    # the legacy global generator is MT19937: its state is the tuple form, never the dict
+    kind, keys, pos, has_gauss, cached = cast(tuple[str, Any, int, int, float], np.random.get_state())
     return {
         "python": [version, list(internal), gauss],
         "numpy": [kind, keys.tolist(), int(pos), int(has_gauss), float(cached)],

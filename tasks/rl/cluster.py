@@ -18,11 +18,16 @@ import shutil
 import subprocess
 import sys
 import time
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from tasks.net import free_port
 from tasks.processes import end_processes
+
+if TYPE_CHECKING:
+    from tasks.config import Settings
 
 log = logging.getLogger(__name__)
 
@@ -44,11 +49,11 @@ class LocalHead:
         for p in psutil.process_iter(["pid", "cmdline", "name"]):
             try:
                 cmdline = p.info["cmdline"] or []
-                if any(self.temp_dir in part for part in cmdline):
-                    out.append(p.info["pid"])
-                elif (
-                    str(p.info["name"]).startswith(("ray::", "ray-")) or any("ray" in part for part in cmdline[:3])
-                ) and any(f.path.startswith(self.temp_dir + "/") for f in p.open_files()):
+                if (
+                    any(self.temp_dir in part for part in cmdline)
+                    or (str(p.info["name"]).startswith(("ray::", "ray-")) or any("ray" in part for part in cmdline[:3]))
+                    and any(f.path.startswith(self.temp_dir + "/") for f in p.open_files())
+                ):
                     out.append(p.info["pid"])
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 continue
@@ -61,10 +66,8 @@ class LocalHead:
 
         procs = []
         for pid in self.pids():
-            try:
+            with suppress(psutil.NoSuchProcess):
                 procs.append(psutil.Process(pid))
-            except psutil.NoSuchProcess:
-                pass
         end_processes(procs, grace=timeout)
         log.info("stopped local Ray head %s (%d processes)", self.address, len(procs))
         return len(procs)
@@ -81,10 +84,8 @@ def private_dir(path: Path, shared_mode: bool = False) -> Path:
     import stat
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    try:
+    with suppress(FileExistsError):
         path.mkdir(mode=0o700)
-    except FileExistsError:
-        pass
     st = os.lstat(path)
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or (st.st_mode & 0o077 and not shared_mode):
         raise PermissionError(
@@ -206,7 +207,7 @@ def loopback_driver(address: str | None) -> None:
     ray_constants.ENABLE_RAY_CLUSTER = False
 
 
-def connect(settings, **init_kwargs):
+def connect(settings: Settings, **init_kwargs: Any) -> Any:
     """ray.init against settings.ray.address, or an in-process local cluster (quiet, loopback only)."""
     import ray
 
@@ -260,7 +261,7 @@ def local_temp_dir(run_key: str) -> str:
     return f"/tmp/eg-ray-{hashlib.sha1(run_key.encode()).hexdigest()[:8]}"
 
 
-def setup_local_cluster(settings, run_key: str, num_cpus: int | None = None) -> dict:
+def setup_local_cluster(settings: Settings, run_key: str, num_cpus: int | None = None) -> dict:
     """A fresh local head for one run (a half-up head of an earlier try is stopped first); returns the
     cluster description (tasks.stages.contracts.ClusterInfo) drivers and jobs connect with."""
     temp_dir = local_temp_dir(run_key)

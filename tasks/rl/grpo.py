@@ -24,9 +24,13 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
+
+if TYPE_CHECKING:
+    from tasks.policy.lora import BaseOf
 
 KL_LOG_RATIO_BOUND = 10.0  # |ref - logp| beyond this gives no KL gradient (verl bounds the same log-ratio)
 ADVANTAGE_EPS = 1e-8  # a sequence whose |advantage| is at most this has no policy-gradient signal
@@ -51,7 +55,7 @@ def group_advantages(rewards: list[float], group_ids: list, mode: str = "std", e
             adv = adv / (r.std(unbiased=False) + eps)
         elif mode != "mean":
             raise ValueError(f"advantage mode {mode!r}: use 'std' (GRPO) or 'mean' (Dr. GRPO)")
-        for i, a in zip(idx, adv.tolist()):
+        for i, a in zip(idx, adv.tolist(), strict=True):
             out[i] = a
     return out
 
@@ -180,7 +184,7 @@ def pad_batch(
     ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
     attn = torch.zeros((len(sequences), width), dtype=torch.long)
     loss_mask = torch.zeros((len(sequences), width), dtype=torch.float32)
-    for i, (s, m) in enumerate(zip(sequences, masks)):
+    for i, (s, m) in enumerate(zip(sequences, masks, strict=True)):
         if len(s) != len(m):
             raise ValueError(f"sequence {i}: {len(s)} tokens but {len(m)} mask entries")
         ids[i, : len(s)] = torch.tensor(s)
@@ -200,6 +204,8 @@ def pad_values(rows: list[list[float]], width: int, device: torch.device | str |
     return (out if device is None else out.to(device))[:, 1:]
 
 
-def sequence_token_logprobs(model, ids: torch.Tensor, attn: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+def sequence_token_logprobs(
+    model: torch.nn.Module | BaseOf, ids: torch.Tensor, attn: torch.Tensor, temperature: float = 1.0
+) -> torch.Tensor:
     logits = model(input_ids=ids, attention_mask=attn).logits
     return token_logprobs(logits, ids, temperature)

@@ -35,7 +35,7 @@ def training_digest(metrics: list[dict]) -> dict:
     if not metrics:
         return {"steps": 0}
 
-    def weighted(key: str, tokens: str):
+    def weighted(key: str, tokens: str) -> float | None:
         pairs = [(m[key], m.get(tokens, 0)) for m in metrics if m.get(key) is not None]
         total = sum(t for _, t in pairs)
         return sum(v * t for v, t in pairs) / total if total else None

@@ -16,11 +16,13 @@ result is exactly the expected set.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import time
 from collections import Counter
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 import ray
 
@@ -28,6 +30,12 @@ from tasks.envs import new_episode
 from tasks.envs.base import Task
 from tasks.policy.backends import Sampling
 from tasks.rl.records import clear_stale_shards, episode_record, read_step, write_shard
+
+if TYPE_CHECKING:
+    from tasks.config import Settings
+    from tasks.evals.harness import EvalResult
+    from tasks.policy.backends import HFBackend, VLLMBackend
+    from tasks.rl.weight_transfer import CollectiveWeightSync
 
 log = logging.getLogger(__name__)
 
@@ -49,10 +57,10 @@ class RolloutWorker:
         tool_call_parser: str = "hermes",
         dtype: str = "float32",
         lora_rank: int | None = None,
-    ):
+    ) -> None:
         if core is not None and hasattr(os, "sched_setaffinity"):
             # two engines on two cores must not fight over one; vLLM's own binding is off in-process
-            os.sched_setaffinity(0, {core % os.cpu_count()})
+            os.sched_setaffinity(0, {core % (os.cpu_count() or 1)})
         import torch
 
         from tasks.policy.chat import ChatFormat
@@ -62,6 +70,7 @@ class RolloutWorker:
         self.limits = {"max_turns": max_turns, "max_tokens_per_turn": max_tokens_per_turn, "max_len": max_len}
         self.policy_version = 0
         t0 = time.time()
+        self.backend: VLLMBackend | HFBackend
         if backend == "vllm":
             from tasks.policy.backends import VLLMBackend
 
@@ -99,26 +108,26 @@ class RolloutWorker:
     def load_adapter(self, adapter: dict, policy_version: int) -> float:
         """A LoRA adapter on top of the engine's weights (the vLLM backend only; settings refuse hf)."""
         t0 = time.time()
-        self.backend.load_adapter(adapter)
+        cast("VLLMBackend", self.backend).load_adapter(adapter)
         self.policy_version = policy_version
         return time.time() - t0
 
     # the engine side of the collective path (tasks/rl/weight_transfer.ActorGroupClient calls these)
     def init_weight_transfer(self, init_info: dict) -> None:
-        self.backend.init_weight_transfer(init_info)
+        cast("VLLMBackend", self.backend).init_weight_transfer(init_info)
 
     def start_weight_update(self) -> None:
-        self.backend.start_weight_update()
+        cast("VLLMBackend", self.backend).start_weight_update()
 
     def update_weights(self, update_info: dict) -> None:
-        self.backend.update_weights(update_info)
+        cast("VLLMBackend", self.backend).update_weights(update_info)
 
     def finish_weight_update(self, policy_version: int) -> None:
-        self.backend.finish_weight_update()
+        cast("VLLMBackend", self.backend).finish_weight_update()
         self.policy_version = policy_version
 
     def shutdown_weight_transfer(self) -> None:
-        self.backend.shutdown_weight_transfer()
+        cast("VLLMBackend", self.backend).shutdown_weight_transfer()
 
     def run_shard(self, shard: dict) -> dict:
         """Run the shard's episodes, write its records, return a summary (path, counts, tokens, seconds)."""
@@ -135,7 +144,7 @@ class RolloutWorker:
         stats = self.backend.run_episodes(episodes, sampling, episode_ids=ids)
         records = [
             episode_record(ep, it["task_index"], it["rollout_index"], shard["policy_version"])
-            for ep, it in zip(episodes, items)
+            for ep, it in zip(episodes, items, strict=True)
         ]
         path = write_shard(shard["path"], records)
         faults = Counter(fault for ep in episodes for fault in ep.faults)  # episodes that saw each tool fault
@@ -160,8 +169,12 @@ class RolloutWorker:
 
 
 def start_rollout_actors(
-    model_dir: str | Path, settings, first_core: int = 0, indices: list[int] | None = None, namespace: str | None = None
-) -> list:
+    model_dir: str | Path,
+    settings: Settings,
+    first_core: int = 0,
+    indices: list[int] | None = None,
+    namespace: str | None = None,
+) -> list[Any]:
     """Start rollout actors without waiting for their engines (a build takes 10-45 s here), so a caller can
     overlap that with its own start-up; `RolloutPool(actors=...)` waits for them.
 
@@ -185,8 +198,8 @@ def start_rollout_actors(
 
         lora_rank = engine_rank(settings.grpo.lora.rank)
 
-    def options(i: int) -> dict:
-        opts = {"runtime_env": {"env_vars": env_vars}}
+    def options(i: int) -> dict[str, Any]:
+        opts: dict[str, Any] = {"runtime_env": {"env_vars": env_vars}}
         if namespace:
             opts |= {"name": f"rollout-{i}", "namespace": namespace, "lifetime": "detached", "get_if_exists": True}
         return opts
@@ -212,16 +225,18 @@ def start_rollout_actors(
 class RolloutPool:
     """Driver-side handle on the rollout actors: start, sync weights, run batches, replace lost actors."""
 
-    def __init__(self, model_dir: str | Path, settings, actors: list | None = None, first_core: int = 0):
+    def __init__(
+        self, model_dir: str | Path, settings: Settings, actors: list[Any] | None = None, first_core: int = 0
+    ) -> None:
         # first_core: pools started side by side (one per probe shard) pin their engines to different cores
         self.model_dir, self.settings, self.first_core = str(model_dir), settings, first_core
         self.last_faults: dict = {}  # tool faults of the last batch, by kind (episodes that saw one)
         r = settings.rollout
         self.actors = actors or start_rollout_actors(self.model_dir, settings, first_core)
         self.policy_version = 0
-        self._weights = None  # the current weights, for a replacement actor
-        self._adapter = None  # the current LoRA adapter on top of them, if any
-        self._transfer = None  # the open collective group (CollectiveWeightSync), if that path is used
+        self._weights: dict | None = None  # the current weights, for a replacement actor
+        self._adapter: dict | None = None  # the current LoRA adapter on top of them, if any
+        self._transfer: CollectiveWeightSync | None = None  # the open collective group, if that path is used
         infos = ray.get([a.info.remote() for a in self.actors])
         log.info(
             "rollout pool: %d %s workers up (engine build %.1fs max)",
@@ -290,7 +305,7 @@ class RolloutPool:
             except Exception as e:  # a dead member cannot release its side; the group is dropped anyway
                 log.warning("closing the weight-transfer group: %s", e)
 
-    def _replace(self, index: int):
+    def _replace(self, index: int) -> None:
         log.warning("rollout worker %d died; starting a replacement at policy v%d", index, self.policy_version)
         # a collective group includes the dead engine: drop it, the next sync opens one with the new set
         self.close_transfer()
@@ -312,13 +327,13 @@ class RolloutPool:
     ) -> list[dict]:
         temperature = self.settings.rollout.temperature if temperature is None else temperature
         step_dir = Path(out_dir) / f"step-{self.policy_version:05d}"
-        items = [
+        items: list[dict[str, Any]] = [
             {"task": t.to_dict(), "task_index": ti, "rollout_index": ri}
             for ti, t in enumerate(tasks)
             for ri in range(group_size)
         ]
         n_shards = min(len(items), 2 * len(self.actors))
-        shards = [
+        shards: list[dict[str, Any]] = [
             {
                 "shard_id": k,
                 "items": items[k::n_shards],
@@ -337,7 +352,9 @@ class RolloutPool:
                 len(stale),
                 ", ".join(p.name for p in stale),
             )
-        pending, running, t0, tokens, faults = list(shards), {}, time.time(), 0, Counter()
+        running: dict[Any, tuple[int, dict[str, Any]]] = {}  # object ref -> (worker index, shard)
+        faults: Counter[str] = Counter()
+        pending, t0, tokens = list(shards), time.time(), 0
         idle = list(range(len(self.actors)))
         while pending or running:
             while pending and idle:
@@ -376,7 +393,7 @@ class RolloutPool:
         self.last_faults = dict(faults)
         return records
 
-    def score_attempts(self, tasks: list[Task], samples: int, temperature: float, seed: int):
+    def score_attempts(self, tasks: list[Task], samples: int, temperature: float, seed: int) -> EvalResult:
         """Held-out evaluation of the pool's current weights, split over the actors (same result for any split)."""
         from tasks.evals.harness import EvalResult
 
@@ -384,7 +401,7 @@ class RolloutPool:
         bounds = [round(i * len(tasks) / n) for i in range(n + 1)]
         refs = [
             a.score_attempts.remote([t.to_dict() for t in tasks[lo:hi]], samples, temperature, seed, lo)
-            for a, lo, hi in zip(self.actors, bounds, bounds[1:])
+            for a, (lo, hi) in zip(self.actors, itertools.pairwise(bounds), strict=True)
             if hi > lo
         ]
         return EvalResult([row for part in ray.get(refs) for row in part])

@@ -25,8 +25,16 @@ import logging
 import statistics
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tasks.storage import write_atomic
+
+if TYPE_CHECKING:
+    import torch
+
+    from tasks.config import Settings
+    from tasks.envs.base import Task
+    from tasks.rl.rollout import RolloutPool
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +62,7 @@ def choose_checkpoint(rows: list[dict], target: str, guard: str, max_guard_loss:
     return max(trained, key=lambda r: (validation_score(r, guard), validation_score(r, target), r["step"]))
 
 
-def validation_tasks(settings) -> dict[str, list]:
+def validation_tasks(settings: Settings) -> dict[str, list[Task]]:
     """The dev-split tasks of both toolsets, the same for every step and every run of these settings."""
     from tasks.envs import get_env
 
@@ -70,7 +78,7 @@ class CheckpointChoice:
     into the model. The chosen checkpoint is never rotated away (`protected`), so a resumed run can
     still restore it."""
 
-    def __init__(self, settings, run_dir: Path):
+    def __init__(self, settings: Settings, run_dir: Path) -> None:
         self.settings, self.path = settings, Path(run_dir) / "validation.jsonl"
         self.tasks = validation_tasks(settings)
         self.target, self.guard = str(settings.env.target_toolset), str(settings.env.champion_toolset)
@@ -78,7 +86,7 @@ class CheckpointChoice:
         by_step = {row["step"]: row for row in map(json.loads, lines)}  # a step scored twice: its last row
         self.rows = [by_step[step] for step in sorted(by_step)]
 
-    def score(self, pool, step: int) -> dict:
+    def score(self, pool: RolloutPool, step: int) -> dict:
         """Score the pool's current weights (policy `step`) on both toolsets; append the row."""
         t0 = time.time()
         row: dict = {"step": step}
@@ -109,7 +117,7 @@ class CheckpointChoice:
     def chosen(self) -> dict:
         return choose_checkpoint(self.rows, self.target, self.guard, self.settings.grpo.validation_max_guard_loss)
 
-    def finish(self, model, last_step: int, checkpoint_dir: Path) -> int:
+    def finish(self, model: torch.nn.Module, last_step: int, checkpoint_dir: Path) -> int:
         """Load the chosen checkpoint's weights into `model` (unless it is the last step's); write
         selection.json; return the chosen step."""
         from tasks.rl.checkpoint import restore_weights
@@ -142,7 +150,7 @@ class CheckpointChoice:
         return step
 
 
-def open_choice(settings, run_dir: Path, pool, start: int) -> CheckpointChoice | None:
+def open_choice(settings: Settings, run_dir: Path, pool: RolloutPool, start: int) -> CheckpointChoice | None:
     """The run's checkpoint choice (None with grpo.validation_tasks=0), the champion scored first: at
     step 0 the engines hold its weights (nothing is synced before the first update). A resumed run whose
     checkpoint was written but not scored scores it now (the engines hold exactly its weights)."""

@@ -14,9 +14,13 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tasks.config import Settings
 
 
-def torch_config(settings, run_dir: Path):
+def torch_config(settings: Settings, run_dir: Path) -> Any:
     """FileStoreTorchConfig for a local head on the CPU, else Ray's TorchConfig (gloo on CPU, NCCL on GPUs)."""
     from ray.train.torch import TorchConfig
 
@@ -29,15 +33,18 @@ def torch_config(settings, run_dir: Path):
     return _file_store_config()(backend="gloo", store_file=str(store))
 
 
-def _file_store_config():
+def _file_store_config() -> type:
     """The config class, built on first use (Ray Train's modules are heavy to import)."""
-    from ray.train.torch.config import TorchConfig, _set_torch_distributed_env_vars, _setup_torch_process_group
-    from ray.train.torch.config import _TorchBackend
-
     import ray
+    from ray.train.torch.config import (
+        TorchConfig,
+        _set_torch_distributed_env_vars,
+        _setup_torch_process_group,
+        _TorchBackend,
+    )
 
     class _FileStoreBackend(_TorchBackend):
-        def on_start(self, worker_group, backend_config):
+        def on_start(self, worker_group: Any, backend_config: Any) -> None:
             worker_group.execute(_set_torch_distributed_env_vars)  # LOCAL_RANK and the rest, as Ray's does
             ray.get(
                 [
@@ -59,7 +66,7 @@ def _file_store_config():
         store_file: str = ""
 
         @property
-        def backend_cls(self):
+        def backend_cls(self) -> type:
             return _FileStoreBackend
 
     return FileStoreTorchConfig

@@ -34,6 +34,7 @@ import os
 import random
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -42,10 +43,17 @@ from tasks.policy.sft import demonstration_batch
 from tasks.rl.metrics import keep_metrics
 from tasks.rl.update import grpo_step, guard_count
 
+if TYPE_CHECKING:
+    from tasks.config import Settings
+    from tasks.config_sections import GRPOSettings
+    from tasks.envs import Environment
+    from tasks.envs.base import Task
+    from tasks.rl.rollout import RolloutPool
+
 log = logging.getLogger(__name__)
 
 
-def training_tasks(settings, step: int) -> list:
+def training_tasks(settings: Settings, step: int) -> list[Task]:
     """The tasks of one step: deterministic in (seed, step), drawn from the training split of the task
     content (disjoint from the eval and dev splits by construction). The target toolset's tasks first
     (a `grpo.production_share` of them from tasks from production, the rest generated), then
@@ -84,7 +92,7 @@ def _production_rows(path: str) -> tuple[tuple[dict, ...], frozenset[str]]:
     return tuple(rows(train_file)), held_out
 
 
-def production_draw(g, n_target: int, seed: int) -> tuple[list, frozenset[str]]:
+def production_draw(g: GRPOSettings, n_target: int, seed: int) -> tuple[list[Task], frozenset[str]]:
     """round(production_share * n_target) tasks from production (without replacement within a step; all of
     them when there are fewer), and the held-out content that generated tasks must avoid."""
     from tasks.envs.base import Task
@@ -97,7 +105,7 @@ def production_draw(g, n_target: int, seed: int) -> tuple[list, frozenset[str]]:
     return [Task.from_dict(rows[i]) for i in picked], held_out
 
 
-def generated_tasks(env, n: int, seed: int, toolset: dict, held_out: frozenset[str]) -> list:
+def generated_tasks(env: Environment, n: int, seed: int, toolset: dict, held_out: frozenset[str]) -> list[Task]:
     """`n` of the environment's training tasks, none with content that production holds out (production's
     eval split is content the environment may count as training: desk's production *is* its generator's
     distribution). Redraws with further seeds until `n` remain."""
@@ -179,13 +187,14 @@ def grpo_loop(config: dict) -> None:
     # no DDP wrapper: grpo_step all-reduces the summed gradients itself, once per optimizer step, so that
     # ranks with different numbers of micro-batches still pair their collectives; every rank loaded the
     # same weights, and the same reduced gradient keeps them equal
-    pool = None
+    pool: RolloutPool | None = None
     if rank == 0:
         pool = RolloutPool(config["init_model"], settings, actors=config.get("actors"))
         # the engines may hold other weights (another model's eval): always start from the trainer's
         if g.lora is None:
             pool.sync_weights(state_dict_snapshot(model), version=start)
         else:
+            assert base is not None  # snapshot on rank 0
             pool.load_weights(base, version=start)
             del base
             if start:
@@ -194,11 +203,12 @@ def grpo_loop(config: dict) -> None:
     if rank == 0:
         keep_metrics(metrics_path, start)
     champion_toolset = get_env(settings.env.name).load_toolset(settings.env.champion_toolset)
-    choice = open_choice(settings, run_dir, pool, start) if rank == 0 else None
+    choice = open_choice(settings, run_dir, pool, start) if pool is not None else None  # rank 0
     for step in range(start, g.steps):
         t0 = time.time()
         records = None
         if rank == 0:
+            assert pool is not None
             records = pool.run_batch(
                 training_tasks(settings, step),
                 settings.rollout.group_size,
@@ -210,6 +220,7 @@ def grpo_loop(config: dict) -> None:
             box = [records]
             torch.distributed.broadcast_object_list(box, src=0)
             records = box[0]
+        assert records is not None  # rank 0 ran the batch; the other ranks got it by broadcast
         if config.get("fail_at_step") == step:
             raise RuntimeError(f"injected failure at GRPO step {step} (fail_at_step)")
         demos = None
@@ -227,6 +238,7 @@ def grpo_loop(config: dict) -> None:
         version = step + 1
         sync_s, sync_bytes = 0.0, 0
         if rank == 0:
+            assert pool is not None
             if g.lora is None:
                 weights = state_dict_snapshot(model)
                 sync_s = pool.sync_weights(weights, version)
@@ -243,7 +255,7 @@ def grpo_loop(config: dict) -> None:
             weight_sync_bytes=sync_bytes,
             generated_tokens=sum(r["completion_tokens"] for r in records),
         )
-        report_kwargs = {}
+        report_kwargs: dict[str, Any] = {}
         if rank == 0:
             with open(metrics_path, "a") as f:
                 f.write(json.dumps(m) + "\n")
@@ -271,9 +283,11 @@ def grpo_loop(config: dict) -> None:
                 )
                 report_kwargs["checkpoint"] = ray.train.Checkpoint.from_directory(str(path))
                 if choice:
+                    assert pool is not None  # both are rank 0's
                     choice.score(pool, version)
         ray.train.report(m, **report_kwargs)
     if rank == 0:
+        assert pool is not None
         if choice:
             choice.finish(model, g.steps, ckpt_dir)
         adapter_dir = None
@@ -296,13 +310,13 @@ def grpo_loop(config: dict) -> None:
 
 
 def run_grpo(
-    settings,
+    settings: Settings,
     init_model: str | Path,
     run_dir: str | Path,
     fail_at_step: int | None = None,
     run_name: str = "grpo",
-    actors: list | None = None,
-):
+    actors: list[Any] | None = None,
+) -> Any:
     """Fit GRPO with a Ray Train TorchTrainer (gloo on CPU, NCCL on GPUs); resumes from `run_dir/checkpoints`
     if present.
 
@@ -313,9 +327,8 @@ def run_grpo(
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
-    from tasks.rl.torch_group import torch_config
-
     from tasks.rl.rollout import start_rollout_actors
+    from tasks.rl.torch_group import torch_config
 
     run_dir = Path(run_dir).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -324,7 +337,7 @@ def run_grpo(
     # demo) then overlaps Ray Train's own start-up (controller, placement group, worker: about a minute)
     # instead of following it. The rank-0 worker takes them over and hands them back at the end.
     own_actors = actors is None
-    if own_actors:
+    if actors is None:
         actors = start_rollout_actors(init_model, settings)
     config = {
         "settings": settings.model_dump(mode="json"),

@@ -10,6 +10,8 @@ The departures from the textbook are in tasks/rl/train.py's docstring (the loop 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from tasks.policy.sft import demonstration_loss
@@ -24,8 +26,13 @@ from tasks.rl.grpo import (
     truncated_is_weights,
 )
 
+if TYPE_CHECKING:
+    from tasks.config import Settings
+    from tasks.config_sections import GRPOSettings
+    from tasks.policy.lora import BaseOf
 
-def guard_count(grpo_settings) -> int:
+
+def guard_count(grpo_settings: GRPOSettings) -> int:
     """Guard tasks per step; they come last in `training_tasks`."""
     return round(grpo_settings.tasks_per_step * grpo_settings.guard_share)
 
@@ -37,7 +44,9 @@ def _length(record: dict) -> int:
 
 def _micro_batches(indices: list[int], records: list[dict], max_tokens: int) -> list[list[int]]:
     """Consecutive (length-sorted) indices grouped so that padded size stays under max_tokens."""
-    out, cur, width = [], [], 0
+    out: list[list[int]] = []
+    cur: list[int] = []
+    width = 0
     for i in indices:
         n = _length(records[i])
         if cur and max(width, n) * (len(cur) + 1) > max_tokens:
@@ -59,7 +68,8 @@ def rank_groups(records: list[dict], indices: list[int], world: int) -> list[lis
     for i in indices:
         groups.setdefault(_group_key(records[i]), []).append(i)
     size = {k: sum(_length(records[i]) for i in v) for k, v in groups.items()}
-    load, out = [0] * world, [[] for _ in range(world)]
+    load = [0] * world
+    out: list[list[int]] = [[] for _ in range(world)]
     for k in sorted(groups, key=lambda k: (-size[k], k)):
         r = min(range(world), key=lambda r: (load[r], r))
         out[r] += groups[k]
@@ -83,13 +93,13 @@ def _all_reduce(tensors: list[torch.Tensor]) -> None:
 
 
 def grpo_step(
-    model,
-    optimizer,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
     records: list[dict],
-    settings,
+    settings: Settings,
     pad_id: int,
-    ref_model=None,
-    demos: list | None = None,
+    ref_model: torch.nn.Module | BaseOf | None = None,
+    demos: list[tuple[list[int], list[int]]] | None = None,
     rank: int = 0,
     world: int = 1,
 ) -> dict:
@@ -228,7 +238,7 @@ def grpo_step(
         peak = torch.tensor([sums["gap_abs_max"]], dtype=torch.float64)
         torch.distributed.all_reduce(totals)
         torch.distributed.all_reduce(peak, op=torch.distributed.ReduceOp.MAX)
-        sums = dict(zip(names, totals.tolist())) | {"gap_abs_max": float(peak)}
+        sums = dict(zip(names, totals.tolist(), strict=True)) | {"gap_abs_max": float(peak)}
     n_pg, n_kl, n_gap = max(sums["pg_tokens"], 1.0), max(sums["kl_tokens"], 1.0), max(sums["gap_tokens"], 1.0)
     one_step = g.minibatches == 1  # the ratio is exactly 1: the clip cannot bind, its counts mean nothing
     metrics.update(

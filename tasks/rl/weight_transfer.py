@@ -28,11 +28,15 @@ import datetime
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
 from tasks.net import free_port
+
+if TYPE_CHECKING:
+    from vllm.config.weight_transfer import WeightTransferConfig
+    from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
 
 GLOO = "gloo"
 
@@ -41,7 +45,7 @@ class GlooGroup:
     """A torch gloo process group of its own (not the default group: Ray Train's workers already have
     one), with the one collective the engines need."""
 
-    def __init__(self, store, rank: int, world_size: int, timeout_s: float):
+    def __init__(self, store: torch.distributed.Store, rank: int, world_size: int, timeout_s: float) -> None:
         import torch.distributed as dist
 
         self.rank, self.world_size = rank, world_size
@@ -50,7 +54,7 @@ class GlooGroup:
             dist.PrefixStore("evergreen-weights", store), rank, world_size, datetime.timedelta(seconds=timeout_s)
         )
 
-    def broadcast(self, tensor: torch.Tensor, src: int = 0, stream=None) -> None:
+    def broadcast(self, tensor: torch.Tensor, src: int = 0, stream: Any = None) -> None:
         import torch.distributed as dist
 
         opts = dist.BroadcastOptions()
@@ -61,7 +65,7 @@ class GlooGroup:
         self._pg, self._store = None, None
 
 
-def open_store(host: str, port: int, world_size: int, is_master: bool, timeout_s: float):
+def open_store(host: str, port: int, world_size: int, is_master: bool, timeout_s: float) -> torch.distributed.TCPStore:
     """The group's TCPStore. The master's listening socket is made here, bound to `host`, and handed to the
     store (master_listen_fd): torch's own would listen on every interface whatever `host` says."""
     import socket
@@ -94,11 +98,13 @@ def _numel(shape: list[int]) -> int:
     return n
 
 
-def _flat_layout(names: list[str], dtypes: list[torch.dtype], shapes: list[list[int]]):
+def _flat_layout(
+    names: list[str], dtypes: list[torch.dtype], shapes: list[list[int]]
+) -> tuple[dict[torch.dtype, list[tuple[str, int, list[int]]]], dict[torch.dtype, int]]:
     """Parameters grouped by dtype, in order: {dtype: [(name, offset, shape), ...], total numel}."""
-    layout: dict[torch.dtype, list] = {}
+    layout: dict[torch.dtype, list[tuple[str, int, list[int]]]] = {}
     totals: dict[torch.dtype, int] = {}
-    for name, dtype, shape in zip(names, dtypes, shapes):
+    for name, dtype, shape in zip(names, dtypes, shapes, strict=True):
         numel = _numel(shape)
         layout.setdefault(dtype, []).append((name, totals.get(dtype, 0), list(shape)))
         totals[dtype] = totals.get(dtype, 0) + numel
@@ -110,13 +116,13 @@ def _register_gloo() -> None:
 
     The classes are defined here, on first use, because they subclass vLLM's: importing vLLM takes seconds,
     and this module is imported wherever a rollout pool is, including pools that never use this path."""
+    from vllm.distributed.weight_transfer.base import TrainerInitInfo, WeightTransferInitInfo
     from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory, WeightTransferTrainerFactory
     from vllm.distributed.weight_transfer.nccl_engine import (
         NCCLTrainerWeightTransferEngine,
         NCCLWeightTransferEngine,
         NCCLWeightTransferUpdateInfo,
     )
-    from vllm.distributed.weight_transfer.base import TrainerInitInfo, WeightTransferInitInfo
 
     if GLOO in WeightTransferEngineFactory._registry and GLOO in WeightTransferTrainerFactory._registry:
         return
@@ -142,7 +148,7 @@ def _register_gloo() -> None:
         init_info_cls = GlooWeightTransferInitInfo
         update_info_cls = NCCLWeightTransferUpdateInfo
 
-        def init_transfer_engine(self, init_info) -> None:
+        def init_transfer_engine(self, init_info: GlooWeightTransferInitInfo) -> None:
             p = self.parallel_config
             rank = init_info.rank_offset + p.data_parallel_index * p.world_size + p.rank
             store = open_store(
@@ -155,7 +161,7 @@ def _register_gloo() -> None:
             # when it returns, and a CPU-only process has no accelerator to synchronize
             self.receive_weights(self.parse_update_info(update_info))
 
-        def receive_weights(self, update_info) -> None:
+        def receive_weights(self, update_info: NCCLWeightTransferUpdateInfo) -> None:
             if self.model_update_group is None:
                 raise RuntimeError("gloo weight transfer not initialised: call init_weight_transfer_engine first")
             dtypes = [getattr(torch, d) for d in update_info.dtype_names]
@@ -173,7 +179,13 @@ def _register_gloo() -> None:
         init_info_cls = GlooTrainerInitInfo
 
         @classmethod
-        def trainer_init(cls, init_info, *, client, source=None):
+        def trainer_init(
+            cls,
+            init_info: GlooTrainerInitInfo,
+            *,
+            client: ActorGroupClient,
+            source: WeightSource | None = None,
+        ) -> GlooTrainerWeightTransferEngine:
             if source is None:
                 raise ValueError("gloo weight transfer needs a WeightSource")
             engine = cls(client=client, source=source, is_sender=init_info.is_sender, packed=False)
@@ -195,7 +207,7 @@ def _register_gloo() -> None:
                 joined.result()
             return engine
 
-        def _broadcast(self, source, meta) -> None:
+        def _broadcast(self, source: WeightSource, meta: list[ParamMeta]) -> None:
             if not self.is_sender:
                 for _ in source:
                     pass
@@ -204,7 +216,7 @@ def _register_gloo() -> None:
             layout, totals = _flat_layout(
                 [m.name for m in meta], [m.dtype for m in meta], [list(m.shape) for m in meta]
             )
-            for dtype, entries in layout.items():
+            for entries in layout.values():
                 flat = torch.cat([tensors[name].reshape(-1) for name, _, _ in entries])
                 self.model_update_group.broadcast(flat, src=0)
 
@@ -212,7 +224,7 @@ def _register_gloo() -> None:
     WeightTransferTrainerFactory.register_engine(GLOO, GlooTrainerWeightTransferEngine)
 
 
-def engine_transfer_config(backend: str):
+def engine_transfer_config(backend: str) -> WeightTransferConfig:
     """The `weight_transfer_config` an engine is built with: vLLM's own "nccl", or our "gloo"."""
     from vllm.config.weight_transfer import WeightTransferConfig
 
@@ -224,13 +236,13 @@ def engine_transfer_config(backend: str):
 class StateDictSource:
     """A vLLM `WeightSource` over the current state dict: `update()` swaps in each round's weights."""
 
-    def __init__(self, state_dict: dict[str, torch.Tensor] | None = None):
+    def __init__(self, state_dict: dict[str, torch.Tensor] | None = None) -> None:
         self.tensors = state_dict or {}
 
     def update(self, state_dict: dict[str, torch.Tensor]) -> None:
         self.tensors = state_dict
 
-    def metadata(self):
+    def metadata(self) -> list[ParamMeta]:
         from vllm.distributed.weight_transfer.base import ParamMeta
 
         return [ParamMeta(name, t.dtype, tuple(t.shape)) for name, t in self.tensors.items()]
@@ -244,19 +256,19 @@ class ActorGroupClient:
 
     Each engine gets its own rank (`rank_offset` + its index); see the module docstring."""
 
-    def __init__(self, actors: list):
+    def __init__(self, actors: list[Any]) -> None:
         self.actors = list(actors)
         self.version: int | None = None  # the policy version the round in flight installs
 
-    def _call_all(self, method: str, args_per_actor: list[tuple]) -> None:
+    def _call_all(self, method: str, args_per_actor: list[tuple[Any, ...]]) -> None:
         import ray
 
-        ray.get([getattr(a, method).remote(*args) for a, args in zip(self.actors, args_per_actor)])
+        ray.get([getattr(a, method).remote(*args) for a, args in zip(self.actors, args_per_actor, strict=True)])
 
-    def _all(self, method: str, *args) -> None:
+    def _all(self, method: str, *args: Any) -> None:
         self._call_all(method, [args] * len(self.actors))
 
-    def init_weight_transfer_engine(self, init_info: dict) -> None:
+    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
         if "rank_offset" not in init_info:  # no process group to join (ipc): every engine gets the same
             self._all("init_weight_transfer", init_info)
             return
@@ -268,7 +280,7 @@ class ActorGroupClient:
     def start_weight_update(self) -> None:
         self._all("start_weight_update")
 
-    def update_weights(self, update_info) -> None:
+    def update_weights(self, update_info: dict[str, Any]) -> None:
         self._all("update_weights", update_info)
 
     def finish_weight_update(self, weight_version: str | None = None) -> None:
@@ -282,8 +294,8 @@ class ActorGroupClient:
 class LocalWorkerClient(ActorGroupClient):
     """The same over `RolloutWorker`s in this process (benchmarks, notebooks): plain calls, no Ray."""
 
-    def _call_all(self, method: str, args_per_actor: list[tuple]) -> None:
-        for worker, args in zip(self.actors, args_per_actor):
+    def _call_all(self, method: str, args_per_actor: list[tuple[Any, ...]]) -> None:
+        for worker, args in zip(self.actors, args_per_actor, strict=True):
             getattr(worker, method)(*args)
 
 
@@ -293,16 +305,16 @@ class CollectiveWeightSync:
 
     def __init__(
         self,
-        actors: list,
+        actors: list[Any],
         backend: str,
         host: str,
         timeout_s: float = 300.0,
         client_cls: type[ActorGroupClient] = ActorGroupClient,
-    ):
+    ) -> None:
         self.client = client_cls(actors)
         self.source = StateDictSource()
         self.backend, self.host, self.timeout_s = backend, host, timeout_s
-        self.engine = None  # the group forms at the first send, after the weights' device is checked
+        self.engine: Any = None  # the group forms at the first send, after the weights' device is checked
 
     def _open(self) -> None:
         from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory

@@ -15,15 +15,20 @@ Exit status: 0, or 1 when a window fails validation (its summary is still printe
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import tempfile
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import argparse
+
+    from tasks.config import Settings
 
 
-def add_parsers(sub) -> None:
+def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("ingest", help="validate a window of production traces; quarantine bad rows")
     p.add_argument(
         "--input",
@@ -70,7 +75,7 @@ def add_parsers(sub) -> None:
 COMMANDS = ("ingest", "drift", "tooldiff", "simulate", "monitor")
 
 
-def run(args, settings) -> int:
+def run(args: argparse.Namespace, settings: Settings) -> int:
     from tasks.data.validation import BatchValidationError
     from tasks.signals.traces import Window
 
@@ -116,9 +121,12 @@ def run(args, settings) -> int:
             from tasks.signals.simulate import simulate_traces
 
             span = Window.parse(f"{args.start}/{args.end}")
+            assert span.start is not None and span.end is not None  # both given (required options)
             schedule = [(span.start, args.from_toolset)]
             if args.change_at:
-                schedule.append((Window.parse(f"{args.change_at}/").start, args.to_toolset))
+                change_at = Window.parse(f"{args.change_at}/").start
+                assert change_at is not None  # a non-empty start
+                schedule.append((change_at, args.to_toolset))
             print(
                 json.dumps(
                     simulate_traces(
@@ -146,7 +154,7 @@ def run(args, settings) -> int:
     return 0
 
 
-def _drift(args, settings) -> dict:
+def _drift(args: argparse.Namespace, settings: Settings) -> dict:
     from tasks.signals.drift import compare
     from tasks.signals.monitor import window_stats
     from tasks.signals.traces import Window
@@ -163,7 +171,7 @@ def _drift(args, settings) -> dict:
     )
     current, _ = window_stats(args.current, base / "ingest_current", settings, current_window, docs=False)
     report = compare(reference, current, settings.drift).to_dict()
-    report["computed_at"] = datetime.now(timezone.utc).isoformat()
+    report["computed_at"] = datetime.now(UTC).isoformat()
     if args.out:
         from tasks.storage import write_atomic
 

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import asdict, dataclass, field, fields
+from typing import TYPE_CHECKING
 
 from tasks.signals.significance import (
     bonferroni_adjusted,
@@ -49,6 +50,9 @@ from tasks.signals.significance import (
     wasserstein_from_counts,
 )
 from tasks.signals.windowstats import WindowStats, WorkloadStats
+
+if TYPE_CHECKING:
+    from tasks.config_sections import DriftSettings
 
 STATISTICS = ("success_rate", "tool_error_rate", "prompt_tokens", "turns", "tool_calls", "tool_names")
 EFFECT_FLOOR = 0.5  # share of the configured minimum effect an observed effect must reach
@@ -92,13 +96,13 @@ _TEST_NAMES = {
 }
 
 
-def _min_effect(statistic: str, s) -> float:
+def _min_effect(statistic: str, s: DriftSettings) -> float:
     return {"success_rate": s.min_success_diff, "tool_error_rate": s.min_tool_error_diff, "tool_names": s.min_psi}.get(
         statistic, s.min_ks
     )
 
 
-def _row(workload, statistic, s, n_ref, n_cur) -> dict:
+def _row(workload: str, statistic: str, s: DriftSettings, n_ref: int, n_cur: int) -> dict:
     return {
         "workload": workload,
         "statistic": statistic,
@@ -158,7 +162,7 @@ def _names_test(row: dict, ref: Counter, cur: Counter) -> None:
     )
 
 
-def _workload_tests(name: str, ref: WorkloadStats | None, cur: WorkloadStats | None, s) -> list[dict]:
+def _workload_tests(name: str, ref: WorkloadStats | None, cur: WorkloadStats | None, s: DriftSettings) -> list[dict]:
     n_ref, n_cur = (ref.n if ref else 0), (cur.n if cur else 0)
     rows = [_row(name, stat, s, n_ref, n_cur) for stat in STATISTICS]
     if ref is None or cur is None or min(n_ref, n_cur) < s.min_samples:
@@ -172,7 +176,7 @@ def _workload_tests(name: str, ref: WorkloadStats | None, cur: WorkloadStats | N
         for row in rows:
             row["reason"] = why
         return rows
-    by = dict(zip(STATISTICS, rows))
+    by = dict(zip(STATISTICS, rows, strict=True))
     _rate_test(by["success_rate"], ref.successes, ref.n, cur.successes, cur.n)
     _rate_test(by["tool_error_rate"], ref.with_tool_error, ref.n, cur.with_tool_error, cur.n)
     for stat in ("prompt_tokens", "turns", "tool_calls"):
@@ -199,10 +203,10 @@ def _finding(row: dict) -> str:
     )
 
 
-def _decide(rows: list[dict], s) -> None:
+def _decide(rows: list[dict], s: DriftSettings) -> None:
     tested = [r for r in rows if r["p_value"] is not None]
     adjust = holm_adjusted if s.correction == "holm" else bonferroni_adjusted
-    for row, q in zip(tested, adjust([r["p_value"] for r in tested])):
+    for row, q in zip(tested, adjust([r["p_value"] for r in tested]), strict=True):
         row["p_adjusted"] = q
         significant = q < s.alpha
         # tolerance: an effect computed as 0.8 - 0.775 must count as the 0.025 it is
@@ -217,7 +221,7 @@ def _decide(rows: list[dict], s) -> None:
         )
 
 
-def _summary(rows: list[dict], reasons: list[str], s) -> str:
+def _summary(rows: list[dict], reasons: list[str], s: DriftSettings) -> str:
     drift = sum(r["verdict"] == "drift" for r in rows)
     short = sum(r["verdict"] == "insufficient_data" for r in rows)
     head = f"drift in {drift} of {len(rows)} tests" if drift else f"no drift in {len(rows)} tests"
@@ -225,7 +229,7 @@ def _summary(rows: list[dict], reasons: list[str], s) -> str:
     return head + (": " + "; ".join(reasons) if reasons else "")
 
 
-def compare(reference: WindowStats, current: WindowStats, settings=None) -> DriftReport:
+def compare(reference: WindowStats, current: WindowStats, settings: DriftSettings | None = None) -> DriftReport:
     """Six tests per workload in either window, one correction over all of them, verdicts and reasons."""
     if settings is None:
         from tasks.config import DriftSettings  # pydantic import only when needed

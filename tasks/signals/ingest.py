@@ -34,8 +34,9 @@ import base64
 import json
 import logging
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
@@ -43,6 +44,12 @@ from tasks import storage
 from tasks.signals.rows import FLAT_COLUMNS, RowParser
 from tasks.signals.traces import IngestError, Window, numbered_lines, select_files
 from tasks.signals.windowstats import WindowStats
+
+if TYPE_CHECKING:
+    import ctypes
+
+    from tasks.config_sections import IngestSettings
+    from tasks.data.validation import Validator
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +71,7 @@ def _trim_heap() -> None:
         _LIBC.malloc_trim(0)
 
 
-_LIBC = None
+_LIBC: ctypes.CDLL | Literal[False] | None = None
 
 
 class _Seen:
@@ -72,14 +79,14 @@ class _Seen:
     at a time with numpy. Python's str hash is used: it only has to agree within this process, and a
     collision needs ~4e9 ids."""
 
-    def __init__(self):
-        self._sorted = np.empty(0, dtype=np.int64)
+    def __init__(self) -> None:
+        self._sorted: np.ndarray = np.empty(0, dtype=np.int64)
 
     def first_occurrences(self, trace_ids: list[str]) -> np.ndarray:
         """Mask of the ids not seen before (in earlier chunks or earlier in this one); remembers them."""
         keys = np.fromiter(map(hash, trace_ids), dtype=np.int64, count=len(trace_ids))
         _, first = np.unique(keys, return_index=True)
-        new = np.zeros(len(keys), dtype=bool)
+        new: np.ndarray = np.zeros(len(keys), dtype=bool)
         new[first] = True
         if self._sorted.size:
             pos = np.searchsorted(self._sorted, keys).clip(max=self._sorted.size - 1)
@@ -91,10 +98,10 @@ class _Seen:
 class _Writer:
     """Appends lines to DIR/<kind>/part-00000.jsonl through a buffered file."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path, self.rows = path, 0
-        self._f = open(path, "wb", buffering=1 << 20)
+        self._f = open(path, "wb", buffering=1 << 20)  # noqa: SIM115 (closed by close(): rows stream in)
 
     def write(self, line: bytes) -> None:
         self._f.write(line)
@@ -117,7 +124,7 @@ def _quarantine_line(source: str, line_no: int, reason: str, raw: bytes) -> byte
 def ingest(
     source: str | Path,
     output_dir: str | Path,
-    ingest_settings,
+    ingest_settings: IngestSettings,
     window: Window | None = None,
     now: datetime | None = None,
     docs: bool = True,
@@ -130,7 +137,7 @@ def ingest(
 
     cfg = ingest_settings
     window = window or Window()
-    now = now or datetime.now(timezone.utc)
+    now = now or datetime.now(UTC)
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     files = select_files(source, window)
@@ -152,9 +159,9 @@ def ingest(
     end_ts = window.end.timestamp() if window.end else float("inf")
     counts = {"rows_read": 0, "rows_outside_window": 0, "blank_lines": 0}
     chunk_reports: list[dict] = []
-    chunk: list = []
+    chunk: list[tuple[str, int, bytes, tuple]] = []
 
-    def flush_chunk():
+    def flush_chunk() -> None:
         report = _validate_chunk(
             chunk, seen, validator, params, accepted, quarantined, stats, docs=docs and len(chunk_reports) < 5
         )
@@ -177,6 +184,7 @@ def ingest(
                     continue
                 trace, row, reason = parser.parse(raw)
                 if reason is None:
+                    assert row is not None  # a row comes with every valid line
                     ts = row[0][2]
                     if (ts < start_ts or ts >= end_ts) and ts <= params["future_limit"]:
                         counts["rows_outside_window"] += 1
@@ -185,6 +193,7 @@ def ingest(
                 if reason is not None:
                     quarantined.write(_quarantine_line(uri, line_no, reason, raw))
                     continue
+                assert row is not None
                 chunk.append((uri, line_no, raw, row))
                 if len(chunk) >= cfg.chunk_rows:
                     flush_chunk()
@@ -210,15 +219,24 @@ def ingest(
     )
 
 
-def _validate_chunk(chunk, seen: _Seen, validator, params, accepted, quarantined, stats, docs: bool) -> dict:
+def _validate_chunk(
+    chunk: list[tuple[str, int, bytes, tuple]],
+    seen: _Seen,
+    validator: Validator,
+    params: dict[str, float],
+    accepted: _Writer,
+    quarantined: _Writer,
+    stats: WindowStats,
+    docs: bool,
+) -> dict:
     """The GX row suite, then duplicates among the rows it passed (a duplicate of a rejected row is
     the first valid one); the rest is accepted and counted into the drift statistics."""
     import pandas as pd
 
     if not chunk:
         return {"rows": 0, "duplicates": 0, "failed_rows": 0, "expectations": []}
-    columns = list(zip(*(row[0] for _, _, _, row in chunk)))
-    frame = pd.DataFrame({name: col for name, col in zip(FLAT_COLUMNS, columns)})
+    columns = list(zip(*(row[0] for _, _, _, row in chunk), strict=True))
+    frame = pd.DataFrame({name: col for name, col in zip(FLAT_COLUMNS, columns, strict=True)})
     for name in ("latency_ms", "reward"):  # all-None columns would be 'object'; GX compares numbers
         frame[name] = pd.to_numeric(frame[name], errors="coerce")
     result = validator.validate("traces", frame, params, docs=docs)
@@ -230,7 +248,7 @@ def _validate_chunk(chunk, seen: _Seen, validator, params, accepted, quarantined
         if i in failed:
             quarantined.write(_quarantine_line(uri, line_no, f"gx: {failed[i]}", raw))
     duplicates = 0
-    for keep, (uri, line_no, raw, (flat, names, turns, success)) in zip(first, passed):
+    for keep, (uri, line_no, raw, (flat, names, turns, success)) in zip(first, passed, strict=True):
         if not keep:
             duplicates += 1
             reason = f"duplicate trace_id {flat[0][:80]!r} (its first valid occurrence is kept)"
@@ -256,18 +274,18 @@ def _validate_chunk(chunk, seen: _Seen, validator, params, accepted, quarantined
 
 def _finish_window(
     out: Path,
-    source,
-    window,
-    files,
-    counts,
-    n_accepted,
-    n_quarantined,
-    stats,
-    chunk_reports,
-    validator,
-    cfg,
-    seconds,
-    docs,
+    source: str | Path,
+    window: Window,
+    files: list[str],
+    counts: dict[str, int],
+    n_accepted: int,
+    n_quarantined: int,
+    stats: WindowStats,
+    chunk_reports: list[dict],
+    validator: Validator,
+    cfg: IngestSettings,
+    seconds: float,
+    docs: bool,
 ) -> dict:
     import pandas as pd
 
@@ -333,6 +351,7 @@ def _finish_window(
     failures = [e.to_dict() for b in batch for e in b.expectations if not e.success]
     if failures:
         error = BatchValidationError("+".join(b.suite for b in batch if not b.success), failures)
-        error.summary = summary  # the caller (CLI, DAG) reports the summary of a failed window too
+        # the caller (CLI, DAG) reports the summary of a failed window too
+        error.summary = summary
         raise error
     return summary

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tasks import storage
 from tasks.signals.drift import compare
@@ -25,10 +26,15 @@ from tasks.signals.ingest import ingest
 from tasks.signals.traces import Window
 from tasks.signals.windowstats import WindowStats
 
+if TYPE_CHECKING:
+    from tasks.config import Settings
+
 log = logging.getLogger(__name__)
 
 
-def window_stats(source, out: Path, settings, window: Window, docs: bool = True) -> tuple[WindowStats, dict]:
+def window_stats(
+    source: str | Path, out: Path, settings: Settings, window: Window, docs: bool = True
+) -> tuple[WindowStats, dict]:
     """Drift statistics (and the ingest summary) of an ingest output directory, or of a trace input
     ingested into `out` first."""
     if (Path(str(source)) / "stats.json").exists():  # an ingest output already
@@ -41,7 +47,13 @@ def window_stats(source, out: Path, settings, window: Window, docs: bool = True)
 
 
 def check_production(
-    settings, source, output_dir, window: Window, champion: str | Path | None = None, toolset=None, reference=None
+    settings: Settings,
+    source: str | Path,
+    output_dir: str | Path,
+    window: Window,
+    champion: str | Path | None = None,
+    toolset: dict | list | str | Path | None = None,
+    reference: str | Path | None = None,
 ) -> dict:
     """Ingest + drift + tool diff for one window; returns (and writes) the verdict with its reasons.
 

@@ -106,7 +106,7 @@ def _value(v: Any) -> Any:
     return None
 
 
-def _attrs(kvs) -> dict:
+def _attrs(kvs: Any) -> dict:
     return {kv.get("key"): _value(kv.get("value")) for kv in kvs or () if isinstance(kv, dict)}
 
 
@@ -125,7 +125,8 @@ def _hex(ident: Any) -> str:
 def read_otlp(path: str | Path) -> dict[str, list[dict]]:
     """traceId -> spans ({id, parent, name, start, end, attrs, resource, events, error, status_message})."""
     path = Path(path)
-    raw = (gzip.open(path, "rb") if path.name.endswith(".gz") else open(path, "rb")).read().decode("utf-8")
+    with gzip.open(path, "rb") if path.name.endswith(".gz") else open(path, "rb") as f:
+        raw = f.read().decode("utf-8")
     try:
         docs = json.loads(raw)
         docs = docs if isinstance(docs, list) else [docs]
@@ -315,8 +316,12 @@ def otel_trace_to_row(spans: list[dict], workload_key: str = "workload") -> dict
         )
 
     op = [s["attrs"].get("gen_ai.operation.name") for s in spans]
-    chats = [s for s, o in zip(spans, op) if o in _CHAT_OPS or (o is None and "gen_ai.input.messages" in s["attrs"])]
-    tool_spans = [s for s, o in zip(spans, op) if o == "execute_tool"]
+    chats = [
+        s
+        for s, o in zip(spans, op, strict=True)
+        if o in _CHAT_OPS or (o is None and "gen_ai.input.messages" in s["attrs"])
+    ]
+    tool_spans = [s for s, o in zip(spans, op, strict=True) if o == "execute_tool"]
     messages = otel_messages(chats, tool_spans)
     tools = normalize_tools(
         [t for s in chats for t in loads_maybe(s["attrs"].get("gen_ai.tool.definitions")) or ()]

@@ -32,10 +32,16 @@ import gzip
 import json
 import logging
 from collections import Counter
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from tasks.envs.base import Task, hash_split, normalise_answer
 from tasks.storage import write_atomic
+
+if TYPE_CHECKING:
+    from tasks.data.validation import SuiteOutcome, Validator
+    from tasks.envs import Environment
 
 log = logging.getLogger(__name__)
 SUITE = "production_tasks"
@@ -58,7 +64,7 @@ def trace_files(accepted: str | Path) -> list[Path]:
     return files
 
 
-def read_traces(files: list[Path]):
+def read_traces(files: list[Path]) -> Iterator[dict | None]:
     """(trace dict or None for a line that is no JSON object) per non-blank line."""
     for f in files:
         with gzip.open(f, "rt", encoding="utf-8") if f.name.endswith(".gz") else f.open(encoding="utf-8") as fh:
@@ -84,9 +90,14 @@ def split_of_content(content: str, eval_share: float) -> str:
     return hash_split(f"{SPLIT_SALT}|{content}", (("eval", eval_share), ("train", 1.0 - eval_share)))
 
 
-def _map(rows, env, toolset: dict) -> tuple[list[Task], Counter, int]:
+def _map(rows: Iterable[dict | None], env: Environment, toolset: dict) -> tuple[list[Task], Counter, int]:
     """Traces -> tasks; (tasks, unverifiable count by reason, traces read)."""
-    tasks, dropped, seen, n = [], Counter(), set(), 0
+    tasks: list[Task] = []
+    dropped: Counter = Counter()
+    seen: set[str] = set()
+    n = 0
+    task_from_trace = env.task_from_trace
+    assert task_from_trace is not None  # tasks_from_traces checks it first
     for trace in rows:
         n += 1
         trace_id = trace.get("trace_id") if trace else None
@@ -97,6 +108,7 @@ def _map(rows, env, toolset: dict) -> tuple[list[Task], Counter, int]:
             dropped["repeated_trace_id"] += 1
             continue
         seen.add(trace_id)
+        assert trace is not None  # it has a trace id
         if not any(
             isinstance(m, dict)
             and m.get("role") == "user"
@@ -107,7 +119,7 @@ def _map(rows, env, toolset: dict) -> tuple[list[Task], Counter, int]:
             dropped["no_user_message"] += 1
             continue
         try:
-            task = env.task_from_trace(trace, toolset)
+            task = task_from_trace(trace, toolset)
         except Exception as e:  # one odd trace must not stop the window; the count shows a hook bug
             if not dropped["hook_error"]:
                 log.warning("%s.task_from_trace failed on trace %s: %s: %s", env.name, trace_id, type(e).__name__, e)
@@ -126,7 +138,9 @@ def _trace_id(task: Task) -> str:
     return str(task.data.get("trace_id") or task.task_id)
 
 
-def validate_files(out: Path, workloads: list[str], required_splits: list[str], min_tasks: int = 1, validator=None):
+def validate_files(
+    out: Path, workloads: list[str], required_splits: list[str], min_tasks: int = 1, validator: Validator | None = None
+) -> SuiteOutcome:
     """The suite include/gx/production_tasks.json on train.jsonl + eval.jsonl as written (a SuiteOutcome)."""
     import pandas as pd
 
@@ -156,12 +170,12 @@ def validate_files(out: Path, workloads: list[str], required_splits: list[str], 
 def tasks_from_traces(
     accepted: str | Path,
     env_name: str,
-    toolset,
+    toolset: dict | list | str | Path,
     out_dir: str | Path,
     eval_share: float = 0.25,
     workloads: list[str] | None = None,
     min_tasks: int = 1,
-    validator=None,
+    validator: Validator | None = None,
 ) -> dict:
     """Write train.jsonl, eval.jsonl and summary.json under `out_dir`; returns the summary.
 
@@ -202,7 +216,7 @@ def tasks_from_traces(
     for name, rows in splits.items():
         rows.sort(key=lambda t: t.task_id)
         write_atomic(out / f"{name}.jsonl", "".join(json.dumps(t.to_dict()) + "\n" for t in rows))
-    summary = {
+    summary: dict[str, Any] = {
         "env": env.name,
         "toolset": toolset.get("version"),
         "eval_share": eval_share,

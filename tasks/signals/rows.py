@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 from datetime import datetime
+from typing import Any
 
 from tasks.config import PROJECT_ROOT
 
@@ -35,7 +36,7 @@ class RowParser:
     """bytes -> (trace, flat row) or a reason. The schema is compiled once (jsonschema-rs, a Rust
     validator: the structural check is most of the per-row cost, and this one is ~10x the Python ones)."""
 
-    def __init__(self, max_line_bytes: int):
+    def __init__(self, max_line_bytes: int) -> None:
         import jsonschema_rs
         import orjson
 
@@ -65,7 +66,7 @@ class RowParser:
             return None, None, f"unusable trace: {type(e).__name__}: {e}"
 
 
-def _schema_errors(schema, trace: dict, limit: int = 3) -> list[str]:
+def _schema_errors(schema: Any, trace: dict, limit: int = 3) -> list[str]:
     out = []
     for e in schema.iter_errors(trace):
         where = "/".join(str(p) for p in e.instance_path) or "(root)"

@@ -90,7 +90,7 @@ def chi2_and_psi(ref: Counter, cur: Counter) -> tuple[float, float, float]:
     return float(chi2), float(p), float(np.sum((qs - ps) * np.log(qs / ps)))
 
 
-def _check_p(p_values) -> np.ndarray:
+def _check_p(p_values: Sequence[float]) -> np.ndarray:
     p = np.asarray(p_values, dtype=float)
     if p.ndim != 1 or ((p < 0) | (p > 1) | np.isnan(p)).any():
         raise ValueError(f"p-values must be a flat sequence of numbers in [0, 1], got {p_values!r}")

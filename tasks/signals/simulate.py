@@ -24,8 +24,9 @@ import json
 import logging
 import random
 from collections import Counter
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tasks.config_sections import EnvSettings
 from tasks.envs import get_env, new_episode
@@ -33,6 +34,9 @@ from tasks.envs.base import Episode
 from tasks.policy.chat import ChatFormat
 from tasks.policy.tokenizer import default_chat
 from tasks.storage import write_atomic
+
+if TYPE_CHECKING:
+    from tasks.config import Settings
 
 log = logging.getLogger(__name__)
 SLIP_RATE = 0.08  # the scripted agent gives up this often even after a good tool result (production is never perfect)
@@ -103,7 +107,9 @@ def _run_scripted(episodes: list[Episode], seed: int) -> None:
     """Turn 1: the demonstration's call (any v1-accepted format). Turn 2: the result, or give up."""
     for i, ep in enumerate(episodes):
         rng = random.Random(seed * 1_000_003 + i)
-        call, _ = get_env(ep.task.env).demonstration(ep.task, rng)
+        demonstration = get_env(ep.task.env).demonstration
+        assert demonstration is not None, f"environment {ep.task.env!r} has no demonstration for the scripted policy"
+        call, _ = demonstration(ep.task, rng)
         ep.add_message(call)
         if ep.done:
             continue
@@ -113,7 +119,7 @@ def _run_scripted(episodes: list[Episode], seed: int) -> None:
         ep.add_message({"role": "assistant", "content": answer})
 
 
-def _run_model(episodes: list[Episode], model_dir: str, settings, seed: int) -> None:
+def _run_model(episodes: list[Episode], model_dir: str, settings: Settings, seed: int) -> None:
     from tasks.policy.backends import Sampling, VLLMBackend
 
     backend = VLLMBackend(
@@ -156,7 +162,7 @@ def simulate_traces(
     n_traces: int,
     schedule: list[tuple[datetime, str]],
     policy: str = "scripted",
-    settings=None,
+    settings: Settings | None = None,
     malformed_share: float = 0.0,
     seed: int = 0,
     model_version: str = "champion",
@@ -171,7 +177,11 @@ def simulate_traces(
     times = sorted(start + timedelta(seconds=rng.uniform(0, span)) for _ in range(n_traces))
     versions = [toolset_at(schedule, t) for t in times]
     # the scripted agent speaks the embedded default's format (its traces are OpenAI messages either way)
-    chat = default_chat() if policy == "scripted" else ChatFormat.load(policy, settings.model.tool_call_parser)
+    if policy == "scripted":
+        chat = default_chat()
+    else:
+        assert settings is not None  # checked above
+        chat = ChatFormat.load(policy, settings.model.tool_call_parser)
     limits = {"max_turns": 4, "max_tokens_per_turn": 96, "max_len": 512}
     if settings is not None:
         limits = {
@@ -179,27 +189,28 @@ def simulate_traces(
             "max_tokens_per_turn": settings.env.max_tokens_per_turn,
             "max_len": settings.model.max_len,
         }
-    episodes: list[Episode] = [None] * n_traces  # type: ignore[list-item]
+    episodes: list[Episode] = [None] * n_traces  # type: ignore[list-item]  # every slot is filled by the loop below
     for version in sorted(set(versions)):
         idx = [i for i, v in enumerate(versions) if v == version]
         env = get_env(settings.env.name if settings is not None else EnvSettings.model_fields["name"].default)
         tasks = env.generate_tasks(len(idx), seed * 7919 + int(version), env.load_toolset(version))
-        for i, task in zip(idx, tasks):
+        for i, task in zip(idx, tasks, strict=True):
             task.data["registry_version"] = version
             episodes[i] = new_episode(task, chat, **limits)
     log.info("simulating %d traces %s .. %s with policy %s", n_traces, start.isoformat(), end.isoformat(), policy)
     if policy == "scripted":
         _run_scripted(episodes, seed)
     else:
+        assert settings is not None  # checked above
         _run_model(episodes, policy, settings, seed)
 
     out = Path(out_dir)
     files: dict[str, gzip.GzipFile] = {}
     malformed: Counter = Counter()
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     previous = None
     try:
-        for i, (ep, when) in enumerate(zip(episodes, times)):
+        for i, (ep, when) in enumerate(zip(episodes, times, strict=True)):
             trace_id = hashlib.sha1(f"{seed}-{i}".encode()).hexdigest()[:20]
             line = json.dumps(episode_to_trace(ep, trace_id, when, model_version, rng)).encode()
             if malformed_share and rng.random() < malformed_share:
@@ -214,12 +225,12 @@ def simulate_traces(
             if day not in files:
                 path = out / f"date={day}" / "traces-00000.jsonl.gz"
                 path.parent.mkdir(parents=True, exist_ok=True)
-                files[day] = gzip.open(path, "wb", compresslevel=1)
+                files[day] = gzip.open(path, "wb", compresslevel=1)  # noqa: SIM115 (one per day, closed in finally)
             files[day].write(line + b"\n")
     finally:
         for f in files.values():
             f.close()
-    successes = Counter((v, ep.score()["success"]) for v, ep in zip(versions, episodes))
+    successes = Counter((v, ep.score()["success"]) for v, ep in zip(versions, episodes, strict=True))
     manifest = {
         "traces": n_traces,
         "start": start.isoformat(),

@@ -33,9 +33,10 @@ except for additions. Nested parameters are written `opts.limit`; array items `t
 from __future__ import annotations
 
 import difflib
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from tasks.signals.toolset_hash import canonical_json, hash_tools, normalised_tools, schema_types
 
@@ -346,6 +347,10 @@ def _pair(removed: list, added: list, tiers: list[tuple[str, Callable]]) -> list
 def _pair_leftovers(removed: list[_Param], added: list[_Param]) -> dict[str, _Param]:
     """Renamed-and-retyped parameters: pair in declaration order, but only when the leftovers line up
     one-to-one with matching required-ness; anything less clean stays a removal plus an addition."""
-    if not removed or len(removed) != len(added) or any(o.required != n.required for o, n in zip(removed, added)):
+    if (
+        not removed
+        or len(removed) != len(added)
+        or any(o.required != n.required for o, n in zip(removed, added, strict=True))
+    ):
         return {}
-    return {o.name: n for o, n in zip(removed, added)}
+    return {o.name: n for o, n in zip(removed, added, strict=True)}

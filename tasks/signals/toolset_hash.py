@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from tasks.envs.toolset import check_tool, load_toolset
 
@@ -60,7 +61,7 @@ def _normalise_schema(schema: Any) -> dict:
 
 def schema_types(schema: dict) -> tuple[str, ...]:
     """The schema's `type` as a sorted tuple (a single type is a 1-tuple)."""
-    t = schema.get("type")
+    t: Any = schema.get("type")
     return tuple(sorted(set(t))) if isinstance(t, list) else (t,)
 
 

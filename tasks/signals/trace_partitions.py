@@ -17,20 +17,17 @@ import json
 import math
 import os
 from collections import Counter
-from datetime import datetime, timezone
+from collections.abc import Callable, Iterable
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 _TRUE = {"true", "1", "yes", "y", "pass", "passed", "success", "succeeded"}
 _FALSE = {"false", "0", "no", "n", "fail", "failed", "failure"}
 
 
 def iso_ms(epoch_ms: float) -> str:
-    return (
-        datetime.fromtimestamp(epoch_ms / 1000, tz=timezone.utc)
-        .isoformat(timespec="milliseconds")
-        .replace("+00:00", "Z")
-    )
+    return datetime.fromtimestamp(epoch_ms / 1000, tz=UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def as_bool(v: Any) -> Any:
@@ -54,7 +51,7 @@ def as_number(v: Any, integer: bool = False) -> Any:
     return v
 
 
-def first(values) -> Any:
+def first(values: Iterable[Any]) -> Any:
     return next((v for v in values if v not in (None, "", [], {})), None)
 
 
@@ -74,7 +71,7 @@ def _text(parts: list) -> Any:
     return parts  # images, audio: not in the contract (text only); the schema check says so
 
 
-def normalize_messages(items) -> list:
+def normalize_messages(items: Any) -> list:
     """OpenAI chat messages as the contract has them: no null fields but content, text content, tool call
     arguments as JSON strings, `type: function` on calls. What is not a message is kept for the schema check."""
     out = []
@@ -101,7 +98,7 @@ def normalize_messages(items) -> list:
     return out
 
 
-def normalize_tools(items) -> list:
+def normalize_tools(items: Any) -> list:
     """OpenAI function tools; the flat form ({type, name, description, parameters}) is nested. Deduplicated by name."""
     out, seen = [], set()
     for t in items if isinstance(items, list) else ():
@@ -157,8 +154,9 @@ class Partitions:
     also removes this exporter's files of an earlier export that this one did not write: OUT then holds
     exactly this export, and ingesting it twice over cannot double a day."""
 
-    def __init__(self, out_dir: str | Path, name: str, source: str, **counters: int):
-        self.out, self.name, self._files = Path(out_dir), name, {}
+    def __init__(self, out_dir: str | Path, name: str, source: str, **counters: int) -> None:
+        self.out, self.name = Path(out_dir), name
+        self._files: dict[str, tuple[Path, Path, gzip.GzipFile]] = {}
         self.summary: dict = {
             "source": source,
             "traces": 0,
@@ -177,16 +175,16 @@ class Partitions:
             final = self.out / key / f"traces-{self.name}-00000.jsonl.gz"
             final.parent.mkdir(parents=True, exist_ok=True)
             tmp = final.with_name(final.name + ".tmp")
-            self._files[key] = (tmp, final, gzip.open(tmp, "wb", compresslevel=5))
+            self._files[key] = (tmp, final, gzip.open(tmp, "wb", compresslevel=5))  # noqa: SIM115 (closed when the partition is sealed)
         self._files[key][2].write(line + b"\n")
         self.summary["written"] += 1
 
-    def mapped(self, fn: Callable[..., dict], obj: Any, trace_id: str, timestamp: str | None, **kw) -> None:
+    def mapped(self, fn: Callable[..., dict], obj: Any, trace_id: str, timestamp: str | None, **kw: Any) -> None:
         """Map and write one trace; a trace the mapping cannot handle is still written, with the error."""
         try:
             row = fn(obj, **kw)
             line = json.dumps(row).encode()  # ASCII JSON: any text survives the trip
-        except Exception as e:  # noqa: BLE001 - a defect of one trace must neither stop nor silently thin the export
+        except Exception as e:
             self.summary["unmappable"] += 1
             row = drop_none(
                 {"trace_id": trace_id, "timestamp": timestamp, "mapping_error": f"{type(e).__name__}: {e}"[:1000]}

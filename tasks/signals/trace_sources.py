@@ -33,8 +33,9 @@ Tests: PYTHONPATH=. python -m pytest -q tests/unit/signals/test_trace_sources.py
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from tasks.signals.otel_traces import export_otel_spans
 from tasks.signals.trace_partitions import (
@@ -103,7 +104,7 @@ def export_mlflow_traces(
         if model_id not in names:
             try:
                 names[model_id] = client.get_logged_model(model_id).name
-            except Exception:  # noqa: BLE001 - deleted or foreign model: the id stands for it
+            except Exception:
                 names[model_id] = None
         return names[model_id]
 
@@ -158,7 +159,7 @@ def export_mlflow_traces(
     return summary
 
 
-def _spans_not_loaded(trace, **_) -> dict:
+def _spans_not_loaded(trace: Any, **_: Any) -> dict:
     raise LookupError(f"the spans of trace {trace.info.trace_id} could not be loaded from the tracking server")
 
 
@@ -187,7 +188,7 @@ def conversation(inputs: Any, outputs: Any) -> list:
     return after if after[: len(before)] == before else before + after
 
 
-def _latest_feedback(trace, name: str) -> Any:
+def _latest_feedback(trace: Any, name: str) -> Any:
     found = [
         a
         for a in trace.search_assessments(name, type="feedback")
@@ -198,7 +199,7 @@ def _latest_feedback(trace, name: str) -> Any:
 
 
 def mlflow_trace_to_row(
-    trace, workload_tag: str = "workload", model_name_of: Callable[[str], str | None] | None = None
+    trace: Any, workload_tag: str = "workload", model_name_of: Callable[[str], str | None] | None = None
 ) -> dict:
     """One mlflow.entities.Trace in the trace contract (rules: the module docstring); unknown fields left out."""
     info, spans = trace.info, list(trace.data.spans)

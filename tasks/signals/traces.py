@@ -16,10 +16,11 @@ from __future__ import annotations
 import gzip
 import re
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import date, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
-from typing import Iterator
+from typing import BinaryIO, cast
 
 from tasks import storage
 
@@ -39,7 +40,7 @@ class Window:
     end: datetime | None = None
 
     @classmethod
-    def parse(cls, text: str | None) -> "Window":
+    def parse(cls, text: str | None) -> Window:
         """'START/END' with RFC 3339 times or dates (a date means its midnight UTC), or one date (that day)."""
         if not text:
             return cls()
@@ -52,14 +53,14 @@ class Window:
             raise ValueError(f"window {text!r} ends before it starts: give START/END with START < END")
         return w
 
-    def days_before(self, days: int) -> "Window":
+    def days_before(self, days: int) -> Window:
         """The reference window: the `days` days that end where this one starts."""
         if self.start is None:
             raise ValueError("a reference of the days before needs a current window with a start")
         return Window(self.start - timedelta(days=days), self.start)
 
     def contains_day(self, day: date) -> bool:
-        lo = datetime(day.year, day.month, day.day, tzinfo=timezone.utc)
+        lo = datetime(day.year, day.month, day.day, tzinfo=UTC)
         return (self.end is None or lo < self.end) and (self.start is None or lo + timedelta(days=1) > self.start)
 
     def __str__(self) -> str:
@@ -71,7 +72,7 @@ def _parse_time(text: str) -> datetime:
         t = datetime.fromisoformat(text.strip())
     except ValueError:
         raise ValueError(f"{text!r} is not an RFC 3339 time or a YYYY-MM-DD date") from None
-    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
+    return t if t.tzinfo else t.replace(tzinfo=UTC)
 
 
 def select_files(source: str | Path, window: Window) -> list[str]:
@@ -97,10 +98,10 @@ def _path_day(uri: str) -> date | None:
 
 
 def iter_file_lines(uri: str) -> Iterator[bytes]:
-    stream = storage.open_binary(uri)
+    raw = stream = storage.open_binary(uri)
     try:
         if uri.endswith(".gz"):
-            stream = gzip.GzipFile(fileobj=stream)
+            stream = cast(BinaryIO, gzip.GzipFile(fileobj=raw))
         lines = storage.iter_lines(stream)
         first = next(lines, None)
         if first is not None:
@@ -108,6 +109,8 @@ def iter_file_lines(uri: str) -> Iterator[bytes]:
         yield from lines
     finally:
         stream.close()
+        if stream is not raw:
+            raw.close()  # GzipFile does not close a file object it was given
 
 
 def numbered_lines(uri: str) -> Iterator[tuple[int, bytes]]:

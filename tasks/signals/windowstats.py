@@ -120,7 +120,7 @@ class WindowStats:
             bad = (tool_errors | prompt_tokens | turns | tool_calls) < 0 or isinstance(tool_names, str)
         except TypeError:
             # not all ints: JSON Schema's "integer" also admits 512.0, so integral floats are accepted
-            values = (tool_errors, prompt_tokens, turns, tool_calls)
+            values: tuple[float, ...] = (tool_errors, prompt_tokens, turns, tool_calls)
             bad = not all(
                 isinstance(v, float) and v.is_integer() and v >= 0 or isinstance(v, int) and v >= 0 for v in values
             ) or isinstance(tool_names, str)

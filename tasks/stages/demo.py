@@ -20,6 +20,12 @@ import shlex
 import shutil
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tasks.config import Settings
+    from tasks.rundir import RunDir
+    from tasks.stages.contracts import RunSummary
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +34,7 @@ log = logging.getLogger(__name__)
 DEMO_REFERENCE_DAYS = 1
 
 
-def demo_settings(settings):
+def demo_settings(settings: Settings) -> Settings:
     """The demo's settings: one reference day, and production traces inside the run directory."""
     root = Path(settings.run_dir).resolve()
     return settings.model_copy(
@@ -39,7 +45,7 @@ def demo_settings(settings):
     )
 
 
-def run_demo(settings, fresh: bool = True):
+def run_demo(settings: Settings, fresh: bool = True) -> RunSummary:
     """The whole loop; returns the run's RunSummary (also in <run_dir>/continuous_post_training/<run>/)."""
     from tasks.rundir import RunDir
     from tasks.stages import models, report, rollouts, signals
@@ -71,7 +77,7 @@ def run_demo(settings, fresh: bool = True):
     return summary
 
 
-def _train_or_skip(settings, rd, trigger: dict) -> None:
+def _train_or_skip(settings: Settings, rd: RunDir, trigger: dict) -> None:
     from tasks.rl.cluster import setup_local_cluster, teardown_local_cluster
     from tasks.stages import evaluation, promotion, rollouts, signals, training
     from tasks.stages.simulate import child_env, stream

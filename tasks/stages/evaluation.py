@@ -10,20 +10,26 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import TYPE_CHECKING
 
 from tasks.envs.toolset import toolset_label
+
+if TYPE_CHECKING:
+    from tasks.config import Settings
+    from tasks.evals.harness import EvalResult
+    from tasks.rundir import RunDir
 
 log = logging.getLogger(__name__)
 
 
-def challenger_version(rd) -> int:
+def challenger_version(rd: RunDir) -> int:
     """The challenger's policy version: the GRPO step it was chosen at (the last one without validation)."""
     from tasks.rl.selection import challenger_step
 
     return challenger_step(rd.path / "grpo")
 
 
-def evaluate(settings, rd) -> dict:
+def evaluate(settings: Settings, rd: RunDir) -> dict:
     """Champion, then challenger, on every toolset's held-out tasks, on the run's engines (the ones the
     probes started and GRPO trained with; started here if gone), which are stopped at the end. Each model's
     weights are loaded into them (`RolloutPool.load_weights`, through the object store): both meet the same
@@ -83,14 +89,14 @@ def evaluate(settings, rd) -> dict:
     return out
 
 
-def eval_table(rd, who: str, toolset: str, env: str | None = None):
+def eval_table(rd: RunDir, who: str, toolset: str, env: str | None = None) -> EvalResult:
     """The EvalResult evaluate wrote for `who` (champion | challenger) on `toolset`."""
     from tasks.evals.harness import EvalResult
 
     return EvalResult(rd.read_lines(f"eval_{who}_{toolset_label(toolset, env)}.jsonl"))
 
 
-def validate_evals(settings, rd) -> dict:
+def validate_evals(settings: Settings, rd: RunDir) -> dict:
     """GX on every eval table, then the paired comparisons (both decodings) the gate judges."""
     from tasks.data.checks import check_eval_table
     from tasks.data.validation import Validator
@@ -125,7 +131,7 @@ def validate_evals(settings, rd) -> dict:
     docs = rd.path / "gx_docs_evals"  # GX data docs of the eval tables: where a failed validation points
     validator = Validator(docs)
 
-    def label(toolset):
+    def label(toolset: str) -> str:
         return toolset_label(toolset, settings.env.name)
 
     with stage_run(settings, rd, "evals"):

@@ -15,15 +15,20 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from tasks.storage import write_atomic
+
+if TYPE_CHECKING:
+    from tasks.config import Settings
+    from tasks.rundir import RunDir
 
 log = logging.getLogger(__name__)
 
 CHAMPION_URI = "models:/{name}@champion"
 
 
-def fetch_champion(settings, dest: Path) -> Path:
+def fetch_champion(settings: Settings, dest: Path) -> Path:
     """The registry's champion in `dest` (downloaded when not there yet; its checksums verified when loaded).
     Parallel tasks may ask at once: each downloads to its own directory and the first rename wins. Raises
     RuntimeError, saying what to run, when the registry has no champion."""
@@ -45,7 +50,7 @@ def fetch_champion(settings, dest: Path) -> Path:
 
             version = str(MlflowClient().get_model_version_by_alias(settings.promotion.model_name, "champion").version)
             got = resolve_model_dir(f"models:/{settings.promotion.model_name}/{version}", cache_dir=scratch)
-        except Exception as e:  # noqa: BLE001 - MLflow raises several types for a missing alias
+        except Exception as e:
             raise RuntimeError(
                 f"no champion in the MLflow registry ({uri}): run the bootstrap_champion DAG first "
                 f"({type(e).__name__}: {e})"
@@ -61,12 +66,12 @@ def fetch_champion(settings, dest: Path) -> Path:
     return dest
 
 
-def champion_dir(settings, rd) -> Path:
+def champion_dir(settings: Settings, rd: RunDir) -> Path:
     """This run's champion: fetched once per run, shared by its stages."""
     return fetch_champion(settings, rd.path / "champion")
 
 
-def sft_champion(settings, out_dir: str | Path) -> dict:
+def sft_champion(settings: Settings, out_dir: str | Path) -> dict:
     """The first champion: `model.name_or_path` (a team's checkpoint) or the embedded default built from
     config, fine-tuned for `bootstrap.steps` on the environment's demonstrations (0: saved as it is);
     returns its stats. The model's format is checked before any step is spent."""
@@ -100,7 +105,7 @@ def sft_champion(settings, out_dir: str | Path) -> dict:
     return stats
 
 
-def bootstrap(settings, rd, force: bool = False) -> dict:
+def bootstrap(settings: Settings, rd: RunDir, force: bool = False) -> dict:
     """SFT the first champion and register it; it becomes `champion` when the registry has none. With a
     champion there, nothing happens unless `force` (then a new version is registered; the aliases stay)."""
     from tasks.promotion.registry import CHAMPION, ModelRegistry
@@ -118,31 +123,35 @@ def bootstrap(settings, rd, force: bool = False) -> dict:
         return {"champion": current, "bootstrapped": False}
     out = rd.path / "model"
     t0 = time.time()
-    stats = sft_champion(settings, out) if not (out / "config.json").exists() else {"model_dir": str(out)}
-    with tracker.pipeline_run(
-        "bootstrap_champion", settings=settings, tags={"airflow.dag_id": rd.dag_id, "airflow.run_id": rd.run_id}
+    stats: dict[str, Any] = (
+        sft_champion(settings, out) if not (out / "config.json").exists() else {"model_dir": str(out)}
+    )
+    with (
+        tracker.pipeline_run(
+            "bootstrap_champion", settings=settings, tags={"airflow.dag_id": rd.dag_id, "airflow.run_id": rd.run_id}
+        ),
+        tracker.stage("bootstrap") as stage,
     ):
-        with tracker.stage("bootstrap") as stage:
-            tracker.log_metrics(
-                {
-                    k: v
-                    for k, v in stats.items()
-                    if k in ("sft_steps", "final_loss", "seconds", "parameters") and v is not None
-                }
-            )
-            tracker.log_model(out)
-            version = registry.register(
-                stage.info.run_id,
-                "model",
+        tracker.log_metrics(
+            {
+                k: v
+                for k, v in stats.items()
+                if k in ("sft_steps", "final_loss", "seconds", "parameters") and v is not None
+            }
+        )
+        tracker.log_model(out)
+        version = registry.register(
+            stage.info.run_id,
+            "model",
+            run_key=f"{rd.run_id}:bootstrap",
+            tags={"evergreen.kind": "bootstrap", "evergreen.registry": settings.env.champion_toolset},
+        )
+        if registry.version_of(CHAMPION) is None:
+            registry.promote(
+                version,
                 run_key=f"{rd.run_id}:bootstrap",
-                tags={"evergreen.kind": "bootstrap", "evergreen.registry": settings.env.champion_toolset},
+                decision={"promote": True, "reasons": ["first model: the registry had no champion"]},
             )
-            if registry.version_of(CHAMPION) is None:
-                registry.promote(
-                    version,
-                    run_key=f"{rd.run_id}:bootstrap",
-                    decision={"promote": True, "reasons": ["first model: the registry had no champion"]},
-                )
     result = {
         "champion": registry.version_of(CHAMPION),
         "bootstrapped": True,

@@ -12,17 +12,22 @@ from __future__ import annotations
 
 import json
 import logging
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tasks.config import Settings
+    from tasks.rundir import RunDir
 
 log = logging.getLogger(__name__)
 
 
-def _chosen(settings, rd) -> dict:
+def _chosen(settings: Settings, rd: RunDir) -> dict:
     """The comparisons on the gate's metric (greedy or sampled), per toolset."""
     comparisons = rd.read("comparisons.json")
     return comparisons["greedy" if settings.promotion.metric == "greedy_success" else "sampled"]
 
 
-def cost(settings, rd) -> dict:
+def cost(settings: Settings, rd: RunDir) -> dict:
     """Price every stage's held resources (timings/*.json) and the projected serving change."""
     from tasks.promotion.cost import ServingProjection, StageUsage
     from tasks.promotion.step import price_run
@@ -42,7 +47,7 @@ def cost(settings, rd) -> dict:
         )
     target = settings.env.target_toolset
 
-    def tokens(who):
+    def tokens(who: str) -> float:
         table = eval_table(rd, who, target, settings.env.name).table
         return sum(r.get("greedy_completion_tokens", 0) for r in table) / max(1, len(table))
 
@@ -58,7 +63,7 @@ def cost(settings, rd) -> dict:
     }
 
 
-def gate(settings, rd) -> dict:
+def gate(settings: Settings, rd: RunDir) -> dict:
     """The promotion decision (pure: tasks.promotion.gate.decide) with its reasons; `promotion.max_cost_usd`
     (the DAG param max_cost_usd) is one of its checks."""
     from tasks.promotion.step import judge
@@ -76,10 +81,10 @@ def gate(settings, rd) -> dict:
     return {"promote": decision.promote, "reasons": decision.reasons}
 
 
-def move_aliases(settings, rd) -> dict:
+def move_aliases(settings: Settings, rd: RunDir) -> dict:
     """Register the challenger and move the aliases (or record 'not promoted'); idempotent per DAG run."""
-    from tasks.stages.contracts import Decision
     from tasks.promotion.step import apply_decision
+    from tasks.stages.contracts import Decision
     from tasks.stages.evaluation import challenger_version
     from tasks.stages.report import stage_run, tracker_of
 
@@ -100,7 +105,7 @@ def move_aliases(settings, rd) -> dict:
     return {"version": result["version"], "aliases": result["aliases"], "promoted": decision.promote}
 
 
-def rollback(settings, rd, confirm: bool = False, reason: str = "") -> dict:
+def rollback(settings: Settings, rd: RunDir, confirm: bool = False, reason: str = "") -> dict:
     """champion := previous, once per run (its moves are journalled by run key: a retry moves nothing
     twice); refuses without confirm."""
     if not confirm:

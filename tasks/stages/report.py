@@ -13,23 +13,32 @@ from __future__ import annotations
 
 import json
 import logging
-from datetime import datetime, timezone
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+
+    from tasks.config import Settings
+    from tasks.rundir import RunDir
+    from tasks.stages.contracts import RunSummary
+    from tasks.tracking import Tracker
 
 log = logging.getLogger(__name__)
 
 
-def tracker_of(settings):
+def tracker_of(settings: Settings) -> Tracker:
     from tasks.tracking import Tracker
 
     return Tracker.from_settings(settings)
 
 
-def stage_run(settings, rd, name: str):
+def stage_run(settings: Settings, rd: RunDir, name: str) -> AbstractContextManager[Any]:
     """A nested MLflow run `name` under the DAG run's pipeline run (opened by open_run)."""
     return tracker_of(settings).stage_of(rd.read("run.json")["mlflow_run_id"], name)
 
 
-def preflight(settings) -> None:
+def preflight(settings: Settings) -> None:
     """What a run would otherwise find out after training: the price table and the chosen price keys, the
     toolsets (target and champion, read through the environment), the environment itself. Raises with the
     setting to fix. (The tracking server is reached when open_run opens the run; the champion is fetched
@@ -46,13 +55,13 @@ def preflight(settings) -> None:
     for field in ("target_toolset", "champion_toolset"):
         try:
             env.load_toolset(getattr(settings.env, field))
-        except Exception as e:  # noqa: BLE001 (files, URLs, MCP servers: each loader's own error, re-labelled)
+        except Exception as e:
             raise ValueError(
                 f"env.{field}={getattr(settings.env, field)!r} cannot be read: {type(e).__name__}: {e}"
             ) from e
 
 
-def open_run(settings, rd, trigger: dict) -> dict:
+def open_run(settings: Settings, rd: RunDir, trigger: dict) -> dict:
     """Open the DAG run's MLflow pipeline run (params = the effective settings); once per DAG run. Checks
     first what the run needs before it spends anything (preflight)."""
     existing = rd.read("run.json")
@@ -80,7 +89,7 @@ def open_run(settings, rd, trigger: dict) -> dict:
         "run_dir": str(rd.path),
         "mlflow_run_id": run_id,
         "mlflow_url": tracker.url_of(run_id),
-        "started_at": datetime.now(timezone.utc).isoformat(),
+        "started_at": datetime.now(UTC).isoformat(),
         "trigger": trigger,
         "overrides": overrides,
     }
@@ -89,7 +98,7 @@ def open_run(settings, rd, trigger: dict) -> dict:
     return info
 
 
-def summarize(settings, rd) -> dict:
+def summarize(settings: Settings, rd: RunDir) -> dict:
     """The run's summary.json (the Evergreen page reads it), its MLflow status, and a printed summary;
     runs whatever happened upstream."""
     summary = collect_summary(settings, rd)
@@ -101,13 +110,13 @@ def summarize(settings, rd) -> dict:
             with tracker.within(run["mlflow_run_id"]):
                 tracker.log_artifact(rd.path / "summary.json")
             tracker.finish(run["mlflow_run_id"], "FAILED" if summary.status == "failed" else "FINISHED")
-        except Exception as e:  # noqa: BLE001 - the summary on disk matters more than the MLflow status
+        except Exception as e:
             log.warning("could not close MLflow run %s: %s", run["mlflow_run_id"], e)
     log.info("%s", format_summary(summary))
     return {"status": summary.status, "summary": str(rd.path / "summary.json")}
 
 
-def collect_summary(settings, rd):
+def collect_summary(settings: Settings, rd: RunDir) -> RunSummary:
     """The RunSummary of whatever the run's stages left in its directory (cluster.json is the cluster
     setup's, grpo_job.json the GRPO job's)."""
     from tasks.rl.metrics import metrics_digest
@@ -128,7 +137,7 @@ def collect_summary(settings, rd):
     tooldiff = rd.read("signals", "monitor", "tooldiff.json") or {}
     comparisons = rd.read("comparisons.json") or {}
     started = run.get("started_at")
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     move = (promotion or {}).get("move") or {}
     return RunSummary(
         dag_id=rd.dag_id,
@@ -182,13 +191,13 @@ def collect_summary(settings, rd):
     )
 
 
-def _change_text(change) -> str:
+def _change_text(change: Any) -> str:
     if not isinstance(change, dict):
         return str(change)
     return f"{change.get('kind', '')}: {change.get('detail') or change.get('description') or change}"
 
 
-def format_summary(summary) -> str:
+def format_summary(summary: RunSummary) -> str:
     """Plain-text summary of one run (the task log, `make demo`, `python -m tasks demo`)."""
     from tasks.evals.harness import format_interval
 
@@ -197,7 +206,7 @@ def format_summary(summary) -> str:
         f"{summary.dag_id} {summary.run_id}: {summary.status.upper()}",
         f"  trigger: {summary.trigger.get('kind') or 'unknown'}",
     ]
-    if (summary.training or {}).get("resumed_from"):
+    if summary.training and summary.training.get("resumed_from"):
         r = summary.training["resumed_from"]
         lines.append(
             f"  training resumed from run {r.get('run')} at step {r.get('step')} (same champion, toolsets, settings)"

@@ -12,21 +12,28 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import TYPE_CHECKING, Any
 
 from tasks.envs.toolset import toolset_label
+
+if TYPE_CHECKING:
+    from tasks.config import Settings
+    from tasks.envs.base import Task
+    from tasks.rundir import RunDir
+    from tasks.stages.contracts import ClusterInfo
 
 log = logging.getLogger(__name__)
 
 PROBE_SHARDS = (0, 1)  # probe_rollouts tasks: shard i starts the run's rollout engine i
 
 
-def toolsets(settings) -> list[str]:
+def toolsets(settings: Settings) -> list[str]:
     """The tool-registry versions a run evaluates on: the target first, then the guards (today: the
     champion's own)."""
     return [settings.env.target_toolset, settings.env.champion_toolset]
 
 
-def pin_toolsets(settings, rd):
+def pin_toolsets(settings: Settings, rd: RunDir) -> Settings:
     """`settings` with each toolset that is not a shipped version (an MCP server, a URL, an object, a file:
     what a tool watch names) pinned to the copy this run read first, <rd>/toolsets/<field>.json. A tool
     change during the run then cannot give its stages different tools (build_tasks, the GRPO job and the
@@ -40,7 +47,7 @@ def pin_toolsets(settings, rd):
     from tasks.envs import get_env
     from tasks.envs.toolset import shipped_version
 
-    pins = {}
+    pins: dict[str, str] = {}
     for field in ("target_toolset", "champion_toolset"):
         source = str(getattr(settings.env, field))
         path = rd.path / "toolsets" / f"{field}.json"
@@ -49,7 +56,7 @@ def pin_toolsets(settings, rd):
         if not path.exists():
             try:
                 toolset = get_env(settings.env.name).load_toolset(source)
-            except Exception as e:  # noqa: BLE001 (any backend's failure; the error is passed on in the log)
+            except Exception as e:
                 log.warning(
                     "toolset %s=%s not pinned (%s: %s); stages read it themselves", field, source, type(e).__name__, e
                 )
@@ -73,7 +80,7 @@ def pin_toolsets(settings, rd):
     return settings.model_copy(update={"env": settings.env.model_copy(update=pins)})
 
 
-def eval_tasks(settings, toolset: str):
+def eval_tasks(settings: Settings, toolset: str) -> list[Task]:
     """The held-out evaluation tasks of one toolset: fixed seed, content of `eval.split`."""
     from tasks.envs import get_env
 
@@ -83,7 +90,7 @@ def eval_tasks(settings, toolset: str):
     )
 
 
-def build_tasks(settings, rd, toolset: str) -> dict:
+def build_tasks(settings: Settings, rd: RunDir, toolset: str) -> dict:
     """eval_tasks of one toolset, written for every model of this run to meet."""
     from collections import Counter
 
@@ -102,7 +109,7 @@ def build_tasks(settings, rd, toolset: str) -> dict:
     return out
 
 
-def load_tasks(rd, toolset: str, env: str | None = None):
+def load_tasks(rd: RunDir, toolset: str, env: str | None = None) -> list[Task]:
     """The tasks build_tasks wrote for `toolset`."""
     from tasks.envs.base import Task
 
@@ -114,7 +121,7 @@ def load_tasks(rd, toolset: str, env: str | None = None):
     return [Task.from_dict(row) for row in rd.read_lines("tasks", name)]
 
 
-def cluster_of(rd):
+def cluster_of(rd: RunDir) -> ClusterInfo:
     """The run's Ray cluster as its setup wrote it (cluster.json)."""
     from tasks.stages.contracts import ClusterInfo
 
@@ -124,7 +131,7 @@ def cluster_of(rd):
     return ClusterInfo.model_validate(data)
 
 
-def connect(settings, rd):
+def connect(settings: Settings, rd: RunDir) -> Any:
     """Attach this process to the run's cluster as a driver (auth env first: ray reads it at init)."""
     import os
 
@@ -136,14 +143,14 @@ def connect(settings, rd):
     return ray_connect(settings.model_copy(update={"ray": settings.ray.model_copy(update={"address": info.address})}))
 
 
-def engine_namespace(rd) -> str:
+def engine_namespace(rd: RunDir) -> str:
     """The Ray namespace of a run's rollout engines (`rollout-<i>`, tasks.rl.rollout.start_rollout_actors):
     the probes start them, the GRPO job and the evals reuse them, the evals stop them. An engine takes
     25-45 s to start here; building one set per stage cost the demo about 1.5 minutes."""
     return f"evergreen-engines-{rd.path.name}"
 
 
-def probe_rollouts(settings, rd, shard: int, num_shards: int) -> dict:
+def probe_rollouts(settings: Settings, rd: RunDir, shard: int, num_shards: int) -> dict:
     """The champion's rollouts on one shard of the first training batch (target toolset): they check the
     rollout contract with GX and measure the starting reward before the update spends anything. Probe i
     starts the run's engine i (kept for the GRPO job and the evals) while the run has one, else a temporary one."""
@@ -156,7 +163,6 @@ def probe_rollouts(settings, rd, shard: int, num_shards: int) -> dict:
     from tasks.rl.rollout import RolloutPool, start_rollout_actors
     from tasks.rl.train import training_tasks
     from tasks.stages.models import champion_dir
-
     from tasks.stages.signals import with_production_tasks
 
     settings = with_production_tasks(settings, rd)  # the first batch of the GRPO job, as it will draw it

@@ -15,29 +15,35 @@ import json
 import logging
 import re
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tasks.config import Settings
+    from tasks.rundir import RunDir
+    from tasks.signals.traces import Window
+    from tasks.stages.contracts import DataVerdict
+    from tasks.tracking import Tracker
 
 log = logging.getLogger(__name__)
 
 
-def last_full_days(days: int, end: datetime | None = None):
+def last_full_days(days: int, end: datetime | None = None) -> Window:
     """The window of the `days` whole UTC days before `end` (default now)."""
     from tasks.signals.traces import Window
 
-    end = (
-        (end or datetime.now(timezone.utc)).astimezone(timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
-    )
+    end = (end or datetime.now(UTC)).astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
     return Window(end - timedelta(days=days), end)
 
 
-def _window(settings, window: str | None):
+def _window(settings: Settings, window: str | None) -> Window:
     from tasks.signals.traces import Window
 
     return Window.parse(window) if window else last_full_days(settings.monitor.window_days)
 
 
-def _traces(settings, out: Path, win) -> str:
+def _traces(settings: Settings, out: Path, win: Window) -> str:
     """monitor.traces as ingest reads it: an mlflow:EXPERIMENT or otel:FILE source is exported to `out` for
     the current window and the reference days before it (tasks/signals/trace_sources.py); files stay as
     they are."""
@@ -48,7 +54,7 @@ def _traces(settings, out: Path, win) -> str:
     return materialize(settings.monitor.traces, out, span, tracking_uri=settings.tracking.uri)
 
 
-def _has_traces(source: str, window) -> bool:
+def _has_traces(source: str, window: Window) -> bool:
     """Whether the window has trace files. A source that does not exist (a typo in monitor.traces, a missing
     bucket) raises, naming the setting: only an existing source with nothing in the window is "no data".
     Refused credentials and S3 outages raise as they are (tasks.storage.s3_error)."""
@@ -63,7 +69,7 @@ def _has_traces(source: str, window) -> bool:
         ) from None
 
 
-def validate_data(settings, rd, window: str | None = None) -> dict:
+def validate_data(settings: Settings, rd: RunDir, window: str | None = None) -> dict:
     """Ingest the production window (GX; bad rows quarantined) and test it for drift and tool changes.
 
     A window that fails validation raises (bad data never trains a model); the verdict is returned."""
@@ -101,7 +107,7 @@ def validate_data(settings, rd, window: str | None = None) -> dict:
     )
 
 
-def production_tasks(settings, rd) -> dict:
+def production_tasks(settings: Settings, rd: RunDir) -> dict:
     """Training and held-out tasks from the window's accepted traces, on the target toolset
     (tasks/signals/production_tasks.py, under <rd>/production_tasks). Their counts and whether the run
     trains on them (`used`: the environment verifies traces, the GX suite passed, there is a train split);
@@ -137,7 +143,7 @@ def production_tasks(settings, rd) -> dict:
     }
 
 
-def with_production_tasks(settings, rd):
+def with_production_tasks(settings: Settings, rd: RunDir) -> Settings:
     """`settings` with grpo.production_tasks set to this run's tasks from production where it trains on them
     (validate_data's verdict says so), else unchanged: the probes and the GRPO job draw the same batches."""
     used = (rd.read("signals.json") or {}).get("production_tasks") or {}
@@ -146,7 +152,7 @@ def with_production_tasks(settings, rd):
     return settings.model_copy(update={"grpo": settings.grpo.model_copy(update={"production_tasks": used["path"]})})
 
 
-def _nothing_to_do(rd, window, why: str, no_champion: bool = False) -> dict:
+def _nothing_to_do(rd: RunDir, window: Window, why: str, no_champion: bool = False) -> dict:
     from tasks.stages.contracts import DataVerdict
 
     verdict = DataVerdict(
@@ -189,7 +195,7 @@ def decide_training(verdict: dict, trigger: dict, force: bool = False) -> tuple[
     return False, "no drift and no breaking tool change: " + verdict.get("summary", "")
 
 
-def should_train(settings, rd, trigger: dict, force: bool = False) -> dict:
+def should_train(settings: Settings, rd: RunDir, trigger: dict, force: bool = False) -> dict:
     """decide_training on this run's verdict and trigger, written once to should_train.json: the branch
     follows it and the skip path records it."""
     from tasks.stages.contracts import TrainingChoice
@@ -201,7 +207,7 @@ def should_train(settings, rd, trigger: dict, force: bool = False) -> dict:
     return choice.model_dump()
 
 
-def skip(settings, rd) -> dict:
+def skip(settings: Settings, rd: RunDir) -> dict:
     """The skip path: nothing to learn this run, and why (from should_train.json)."""
     reason = rd.read("should_train.json")["reason"]
     rd.write({"skipped": True, "reason": reason}, "skip.json")
@@ -209,7 +215,7 @@ def skip(settings, rd) -> dict:
     return {"skipped": True, "reason": reason}
 
 
-def track_signals(tracker, out: Path, verdict) -> None:
+def track_signals(tracker: Tracker, out: Path, verdict: DataVerdict) -> None:
     """The signals stage in MLflow: verdict metrics, drift statistics, the reports, the accepted rows."""
     import pandas as pd
 
@@ -260,7 +266,7 @@ def track_signals(tracker, out: Path, verdict) -> None:
     tracker.log_dataset(frame, name="production-traces", source=str(out / "traces"), context="drift-current")
 
 
-def monitor(settings, window: str | None = None, reference_days: int | None = None) -> dict:
+def monitor(settings: Settings, window: str | None = None, reference_days: int | None = None) -> dict[str, Any]:
     """drift_monitor's check of one window (default the last `monitor.window_days` whole days) against the
     `reference_days` before it, in <run_dir>/drift_monitor/; returns the verdict plus whether it is new (not
     yet announced): an hourly monitor sees the same finished day many times and must ask for retraining once."""

@@ -14,6 +14,10 @@ import subprocess
 import sys
 from datetime import timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tasks.config import Settings
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +38,7 @@ def stream(cmd: list[str], env: dict, prefix: str) -> list[str]:
     log.info("%s: %s", prefix, shlex.join(cmd))
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     lines = []
+    assert proc.stdout is not None  # stdout=PIPE
     for line in proc.stdout:
         lines.append(line.rstrip())
         log.info("[%s] %s", prefix, line.rstrip()[:500])
@@ -42,7 +47,7 @@ def stream(cmd: list[str], env: dict, prefix: str) -> list[str]:
     return lines
 
 
-def simulate_production(settings, days: int = 2, tool_change: bool = True) -> dict:
+def simulate_production(settings: Settings, days: int = 2, tool_change: bool = True) -> dict:
     """`days` past days of champion traffic (through vLLM), the toolset switching to the target at
     midnight before the last day when `tool_change`.
 
@@ -56,6 +61,7 @@ def simulate_production(settings, days: int = 2, tool_change: bool = True) -> di
     out = Path(settings.monitor.traces)
     champion = fetch_champion(settings, out.parent / "champion")
     today = last_full_days(1).end
+    assert today is not None  # last_full_days sets both ends of its window
     start = today - timedelta(days=days)
     with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="evergreen-settings-") as cfg:
         cfg.write(settings.model_dump_json())

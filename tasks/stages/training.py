@@ -15,6 +15,13 @@ import logging
 import shlex
 import sys
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from tasks.config import Settings
+    from tasks.rundir import RunDir
 
 log = logging.getLogger(__name__)
 
@@ -23,7 +30,7 @@ log = logging.getLogger(__name__)
 RESUMED_FILES = ("checkpoints", "metrics.jsonl", "validation.jsonl", "rollouts")
 
 
-def resume_key(settings, rd) -> str:
+def resume_key(settings: Settings, rd: RunDir) -> str:
     """What a run's GRPO checkpoints depend on: the champion's version, the target toolset (its hash label,
     not its run-specific pinned path), the tasks from production it draws from (their content), and the
     settings of the model, environment, rollouts and GRPO. Two runs with one key train the same thing."""
@@ -52,7 +59,7 @@ def resume_key(settings, rd) -> str:
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def adopt_checkpoints(settings, rd) -> dict | None:
+def adopt_checkpoints(settings: Settings, rd: RunDir) -> dict | None:
     """Continue a failed run: where this run has no checkpoint of its own, the newest checkpoint of an earlier
     run of this DAG with the same resume_key whose training did not finish is copied in (with its metrics,
     validation rows and rollout records), and the GRPO job resumes from it. Returns {run, step} or None."""
@@ -65,7 +72,7 @@ def adopt_checkpoints(settings, rd) -> dict | None:
     rd.write({"key": key}, "grpo", "resume_key.json")
     if latest_checkpoint(grpo / "checkpoints") is not None:
         return None  # this run's own (a retried task): the job resumes from it
-    candidates = []
+    candidates: list[tuple[int, float, Path]] = []
     for other in rd.path.parent.glob("*/grpo/resume_key.json"):
         run = other.parent.parent
         ckpt = latest_checkpoint(other.parent / "checkpoints")
@@ -94,7 +101,7 @@ def adopt_checkpoints(settings, rd) -> dict | None:
     return {"run": run.name, "step": step}
 
 
-def grpo_command(settings, rd, fail_training_at_step: int | None = None) -> dict:
+def grpo_command(settings: Settings, rd: RunDir, fail_training_at_step: int | None = None) -> dict:
     """The Ray job's entrypoint and environment: GRPO from this run's champion against the target toolset.
     The driver gets the cluster's address in its settings and the auth token in its environment (a job
     driver does not inherit the head's environment). The run's
@@ -142,7 +149,7 @@ def grpo_command(settings, rd, fail_training_at_step: int | None = None) -> dict
     return {"entrypoint": shlex.join(args), "env_vars": env}
 
 
-def record_training(settings, rd, job: dict | None = None) -> dict:
+def record_training(settings: Settings, rd: RunDir, job: dict | None = None) -> dict:
     """After the Ray job: its metrics and the challenger go to MLflow (the model under the pipeline run's
     `model` path, which move_aliases registers)."""
     from tasks.envs.toolset import toolset_label
