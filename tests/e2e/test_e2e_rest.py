@@ -14,8 +14,7 @@ import time
 
 import pytest
 
-from tasks.rl.cluster import local_temp_dir
-from tasks.rl.cluster import LocalHead
+from tasks.rl.cluster import LocalHead, local_temp_dir
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 DAG = "continuous_post_training"
