@@ -20,7 +20,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from scripts.stack import Stack, free_port, port_busy
+from scripts.stack import Stack
+from tasks.net import free_port, port_busy
 from tests.dags.test_dag_runs import TINY
 
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
