@@ -39,6 +39,7 @@ import base64
 import json
 import os
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from hooks.base import OptionalConnectionHook
@@ -113,7 +114,8 @@ class KubeRayHook(OptionalConnectionHook):
 
     @property
     def config_file(self) -> str | None:
-        return self._setting("config_file")
+        # $KUBECONFIG as it is now: the kubernetes client reads it once, when it is imported
+        return self._setting("config_file") or os.environ.get("KUBECONFIG") or None
 
     @property
     def context(self) -> str | None:
@@ -436,7 +438,17 @@ class KubeRayHook(OptionalConnectionHook):
         obj = self.create_cluster(manifest, poll=poll)
         name = obj["metadata"]["name"]
         ready = self.wait_ready(name, timeout=timeout, poll=poll)
-        return {"backend": "kuberay", "name": name, "namespace": self.namespace, **self.head_endpoints(name, ready)}
+        token_auth = (((ready.get("spec") or {}).get("authOptions") or {}).get("mode")) == "token"
+        return {
+            "backend": "kuberay",
+            "name": name,
+            "namespace": self.namespace,
+            **self.head_endpoints(name, ready),
+            # drivers run in the cluster's pods, where KubeRay puts the token in their environment; a client outside
+            # (the Jobs API from a worker, the trigger) reads it from the Secret by this reference (auth_token)
+            "env": {"RAY_AUTH_MODE": "token"} if token_auth else {},
+            "kuberay": {"name": name, "namespace": self.namespace, "conn_id": self.conn_id},
+        }
 
     def auth_token(self, name: str) -> str | None:
         """The cluster's Ray auth token (for RAY_AUTH_TOKEN with RAY_AUTH_MODE=token), None if auth is off.
@@ -466,3 +478,20 @@ class KubeRayHook(OptionalConnectionHook):
         if not data:
             raise KubeRayError(f"{what}: no key auth_token; KubeRay stores the token under auth_token")
         return base64.b64decode(data).decode()
+
+
+def driver_environment(cluster: Mapping[str, Any] | None) -> dict[str, str]:
+    """What a driver outside a KubeRay cluster (an Airflow task that attaches to it) needs beside the cluster
+    description's env: the cluster's token, read from its Secret, for this task's process only (never XCom or a
+    file). Drivers inside the cluster's pods have it already (KubeRay sets RAY_AUTH_TOKEN in every Ray container).
+    {} for other clusters and for a KubeRay cluster whose auth is off."""
+    ref = (cluster or {}).get("kuberay")
+    if not ref or ((cluster or {}).get("env") or {}).get("RAY_AUTH_MODE") != "token":
+        return {}
+    token = KubeRayHook(namespace=ref.get("namespace"), conn_id=ref.get("conn_id")).auth_token(str(ref["name"]))
+    if not token:
+        return {}
+    from airflow.sdk.log import mask_secret
+
+    mask_secret(token)
+    return {"RAY_AUTH_TOKEN": token}

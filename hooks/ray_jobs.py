@@ -16,7 +16,9 @@ e.g. AIRFLOW_CONN_RAY_JOBS_DEFAULT='ray-jobs://:TOKEN@ray-head:8265' or
 
 What wins: a dashboard URL given to the hook (the cluster description of the setup task) over the
 connection's host; a token from the cluster's env (RAY_AUTH_TOKEN, then the file at RAY_AUTH_TOKEN_PATH,
-as in tasks.rl.cluster.start_local_head) over the connection's. The connection's token is only sent to
+as in tasks.rl.cluster.start_local_head), then a KubeRay cluster's own (the description's `kuberay`
+reference {name, namespace, conn_id}: read from the cluster's Secret through hooks.kuberay.KubeRayHook
+when the hook resolves, so that it never travels in XCom or trigger kwargs), over the connection's. The connection's token is only sent to
 the connection's own host (or to any dashboard when the connection names no host): a connection for one
 cluster never hands its token to another. With no token at all there is no header, and the Ray client
 falls back to this process's own Ray auth settings.
@@ -123,6 +125,8 @@ class RayJobHook(OptionalConnectionHook):
     :param dashboard_url: the cluster's Jobs API, e.g. the setup task's "dashboard_url"; None: the connection's host
     :param env: the driver env of the cluster (RAY_AUTH_MODE, RAY_AUTH_TOKEN_PATH or RAY_AUTH_TOKEN)
     :param conn_id: a `ray_jobs` connection; None: none (only the explicit arguments)
+    :param kuberay: a KubeRay cluster's {name, namespace, conn_id} (the setup task's `kuberay`): its token is read
+        from the cluster's Secret when the hook resolves
     """
 
     default_conn_name = "ray_jobs_default"
@@ -135,10 +139,12 @@ class RayJobHook(OptionalConnectionHook):
         env: Mapping[str, str] | None = None,
         *,
         conn_id: str | None = default_conn_name,
+        kuberay: Mapping[str, str | None] | None = None,
         logger_name: str | None = None,
     ):
         super().__init__(conn_id, logger_name=logger_name)
         self._given_url = dashboard_url.rstrip("/") if dashboard_url else None
+        self._kuberay = dict(kuberay) if kuberay else None
         self._token_required = (env or {}).get("RAY_AUTH_MODE") == "token"
         self._env_token = _env_token(env or {})
         self._auth: tuple[str, dict[str, str]] | None = None  # (dashboard URL, headers) once resolved
@@ -147,7 +153,7 @@ class RayJobHook(OptionalConnectionHook):
     @classmethod
     def from_cluster(cls, cluster: Any, **kwargs) -> RayJobHook:
         c = parse_cluster(cluster)
-        return cls(c.get("dashboard_url"), c.get("env"), **kwargs)
+        return cls(c.get("dashboard_url"), c.get("env"), kuberay=c.get("kuberay"), **kwargs)
 
     def __repr__(self) -> str:  # never the token
         where = self._auth[0] if self._auth else (self._given_url or f"connection {self.conn_id}")
@@ -155,7 +161,20 @@ class RayJobHook(OptionalConnectionHook):
         return f"RayJobHook({where!r}, auth={auth})"
 
     # -- connection and token ----------------------------------------------------------------------
-    def _settle(self, conn) -> str | None:
+    def _cluster_token(self) -> str | None:
+        """A KubeRay cluster's token, from its Secret (None: not a KubeRay cluster, or its auth is off)."""
+        if not self._kuberay or self._env_token is not None:
+            return None
+        from hooks.kuberay import KubeRayHook
+
+        ref = self._kuberay
+        kube = KubeRayHook(namespace=ref.get("namespace"), conn_id=ref.get("conn_id"))
+        token = kube.auth_token(str(ref["name"]))
+        if token:
+            self._token_required = True  # the cluster's auth is on: never fall back to no header
+        return token
+
+    def _settle(self, conn, cluster_token: str | None = None) -> str | None:
         """Fix the URL and headers from the arguments and `conn`; returns the token, for the caller to mask."""
         conn_url = connection_url(conn) if conn is not None else None
         url = self._given_url or conn_url
@@ -165,7 +184,7 @@ class RayJobHook(OptionalConnectionHook):
                 "is not defined or has no host. Start the head with a dashboard port (start_local_head(..., "
                 "dashboard_port=8265)), or define the connection (AIRFLOW_CONN_RAY_JOBS_DEFAULT)"
             )
-        token = self._env_token
+        token = self._env_token or cluster_token
         if token is None and conn is not None:
             conn_token = _connection_token(conn)
             if conn_token and conn_url and conn_url != url:
@@ -185,7 +204,7 @@ class RayJobHook(OptionalConnectionHook):
     def resolve(self) -> RayJobHook:
         """Look up the connection and fix URL and token (once); workers and scripts. Returns self."""
         if self._auth is None:
-            token = self._settle(self.optional_connection())
+            token = self._settle(self.optional_connection(), self._cluster_token())
             if token:
                 from airflow.sdk.log import mask_secret
 
@@ -195,7 +214,8 @@ class RayJobHook(OptionalConnectionHook):
     async def aresolve(self) -> RayJobHook:
         """resolve() for an event loop (the triggerer): the lookup and the masking must not block it."""
         if self._auth is None:
-            token = self._settle(await self.aoptional_connection())
+            cluster_token = await asyncio.to_thread(self._cluster_token)  # the kubernetes client blocks
+            token = self._settle(await self.aoptional_connection(), cluster_token)
             if token:
                 from airflow.sdk.log import amask_secret
 

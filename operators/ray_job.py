@@ -14,7 +14,9 @@ failed job fails the task with its status, Ray's message and its last log lines.
 in a copy of this project (Ray `working_dir`), so `python -m tasks ...` works on any node.
 
 Ray 2.60 clusters use token auth. The cluster dict's `env` is what a driver needs in its environment
-({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": ...}, see tasks.rl.cluster.start_local_head); a
+({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": ...}, see tasks.rl.cluster.start_local_head); a KubeRay
+cluster's `kuberay` reference ({name, namespace, conn_id}) has the hook and the trigger read its token from
+the cluster's Secret (hooks/kuberay.py auth_token); a
 `ray_jobs` connection (conn_id, default `ray_jobs_default`; hooks/ray_jobs.py) may give the dashboard URL
 and the token instead, e.g. for a long-lived cluster. The token never goes into XCom or the trigger's
 kwargs: the trigger gets the URL, the connection id and at most the token file's path, and resolves the
@@ -180,6 +182,7 @@ class RayJobOperator(BaseOperator):
             dashboard_url=hook.dashboard_url,
             env=env,
             conn_id=self.conn_id,
+            kuberay=parse_cluster(self.cluster).get("kuberay"),  # a reference; the triggerer reads the token
             poll_interval=self.poll_interval,
             deadline=deadline,
             log_tail_lines=self.log_tail_lines,

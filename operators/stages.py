@@ -123,6 +123,10 @@ class StageOperator(PythonOperator):
         self._trigger = trigger_of(context)
         self._settings = settings_for(context["params"], self._trigger)
         self._rd = run_dir_of(context, self._settings)
+        from hooks.kuberay import driver_environment
+
+        # a KubeRay cluster's token for the stages that attach to it as drivers (this task's process only)
+        os.environ.update(driver_environment(self._rd.read("cluster.json")))
         from tasks.stages.rollouts import pin_toolsets
 
         self._settings = pin_toolsets(self._settings, self._rd)  # the tools this run read first, for every stage

@@ -62,6 +62,7 @@ class RayJobTrigger(BaseTrigger):
     :param dashboard_url: the cluster's Jobs API; None: the connection's host
     :param env: RAY_AUTH_MODE / RAY_AUTH_TOKEN_PATH of the cluster (see trigger_env)
     :param conn_id: the `ray_jobs` connection the hook may take its token (and URL) from
+    :param kuberay: a KubeRay cluster's {name, namespace, conn_id}: the token is read from its Secret here
     :param deadline: wall-clock time (epoch seconds) after which a TIMEOUT event fires; the operator turns
         its `timeout` into a deadline so that a trigger that moves between triggerers keeps the same limit
     :param max_poll_failures: consecutive failed status checks (dashboard unreachable) before an ERROR event
@@ -78,12 +79,14 @@ class RayJobTrigger(BaseTrigger):
         log_tail_lines: int = 40,
         max_poll_failures: int = 5,
         conn_id: str | None = RayJobHook.default_conn_name,
+        kuberay: dict[str, str | None] | None = None,
     ):
         super().__init__()
         self.job_id = job_id
         self.dashboard_url = dashboard_url
         self.env = trigger_env(env)
         self.conn_id = conn_id
+        self.kuberay = dict(kuberay) if kuberay else None  # a reference: the token is read in the triggerer
         self.poll_interval = float(poll_interval)
         self.deadline = deadline if deadline is not None else (time.time() + timeout if timeout else None)
         self.log_tail_lines = int(log_tail_lines)
@@ -98,6 +101,7 @@ class RayJobTrigger(BaseTrigger):
                 "dashboard_url": self.dashboard_url,
                 "env": self.env,
                 "conn_id": self.conn_id,
+                "kuberay": self.kuberay,
                 "poll_interval": self.poll_interval,
                 "deadline": self.deadline,
                 "log_tail_lines": self.log_tail_lines,
@@ -112,7 +116,7 @@ class RayJobTrigger(BaseTrigger):
 
     async def _ahook(self) -> RayJobHook:
         if self._hook is None:
-            hook = RayJobHook(self.dashboard_url, self.env, conn_id=self.conn_id)
+            hook = RayJobHook(self.dashboard_url, self.env, conn_id=self.conn_id, kuberay=self.kuberay)
             self._hook = await hook.aresolve()  # the connection lookup and masking, without blocking the loop
         return self._hook
 

@@ -70,6 +70,11 @@ class ClusterInfo(_Contract):
     env: dict[str, str] = Field({}, description="what a driver needs in its environment (the head's auth token)")
     temp_dir: str | None = None
     name: str | None = None
+    kuberay: dict[str, str | None] | None = Field(
+        None,
+        description="a KubeRay cluster's {name, namespace, conn_id}: the Jobs API client and the trigger read its Ray "
+        "token from the cluster's Secret with these (hooks/kuberay.py auth_token), so the token is never in XCom",
+    )
 
 
 class Interval(BaseModel):

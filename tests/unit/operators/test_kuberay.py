@@ -1,29 +1,18 @@
-"""hooks/kuberay_manifest.py (render_raycluster, pure) and hooks/kuberay.py (KubeRayHook's API calls).
+"""hooks/kuberay_manifest.py (render_raycluster, pure) and hooks/kuberay.py (KubeRayHook's API calls, against the
+fake API server of tests/unit/operators/fakes.py; fixtures in conftest.py).
 
     pytest -q tests/unit/operators/test_kuberay.py        # a few seconds
 
-No Kubernetes API server can run on this machine (no Docker, no kind, no cluster), so the hook's calls go
-to a small HTTP server on 127.0.0.1 (http.server in a thread) that implements just the endpoints the
-kubernetes client calls here: RayCluster create / get / delete (ray.io/v1, namespaced), pods by label
-selector and one Secret. The real kubernetes client talks HTTP to it through a
-kubernetes.client.Configuration whose host is the fake, so request paths, bodies, status codes and the
-client's (de)serialisation are real; what the fake cannot show is KubeRay itself (the operator that turns
-the resource into pods): its state moves to "ready" after a set number of GETs, and a deleted cluster
-disappears after a set number more.
 """
 
 from __future__ import annotations
 
 import base64
-import json
 import os
 import re
 import subprocess
 import sys
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from urllib.parse import parse_qs, urlparse
 
 import pytest
 import yaml
@@ -37,175 +26,9 @@ from hooks.kuberay_manifest import (
     render_raycluster,
     validate_raycluster,
 )
+from tests.unit.operators.fakes import NS
 
 ROOT = Path(__file__).resolve().parents[3]
-NS = "evergreen"
-_CLUSTER = re.compile(r"^/apis/ray\.io/v1/namespaces/([^/]+)/rayclusters(?:/([^/]+))?$")
-_PODS = re.compile(r"^/api/v1/namespaces/([^/]+)/pods$")
-_SECRET = re.compile(r"^/api/v1/namespaces/([^/]+)/secrets/([^/]+)$")
-
-
-# --------------------------------------------------------------------------------------------------
-# the fake API server
-# --------------------------------------------------------------------------------------------------
-class FakeKube:
-    """State of the fake API server; tests set the knobs, the handler reads and writes the rest."""
-
-    def __init__(self):
-        self.clusters: dict[tuple[str, str], dict] = {}
-        self.created = 0
-        self.gets: dict[tuple[str, str], int] = {}
-        self.requests: list[tuple[str, str, dict | None]] = []
-        self.gets_until_ready = 2  # GETs before status.state becomes "ready"
-        self.gets_until_gone = 1  # GETs after a DELETE before the object is gone
-        self.final_state = "ready"
-        self.forbid = False  # answer 403 to everything (missing RBAC)
-        self.pods: list[dict] = []
-        self.secrets: dict[tuple[str, str], dict] = {}
-
-
-def _status(code: int, reason: str, message: str) -> dict:
-    return {
-        "kind": "Status",
-        "apiVersion": "v1",
-        "metadata": {},
-        "status": "Failure",
-        "message": message,
-        "reason": reason,
-        "code": code,
-    }
-
-
-def _handler(fake: FakeKube):
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args):  # keep pytest output clean
-            pass
-
-        def _send(self, code: int, body: dict) -> None:
-            data = json.dumps(body).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def _route(self, method: str) -> None:
-            url = urlparse(self.path)
-            length = int(self.headers.get("Content-Length") or 0)
-            body = json.loads(self.rfile.read(length)) if length else None
-            fake.requests.append((method, self.path, body))
-            if fake.forbid:
-                return self._send(
-                    403,
-                    _status(
-                        403,
-                        "Forbidden",
-                        "rayclusters.ray.io is forbidden: User "
-                        '"system:serviceaccount:airflow:default" cannot create resource',
-                    ),
-                )
-            if m := _CLUSTER.match(url.path):
-                return self._cluster(method, m.group(1), m.group(2), body)
-            if (m := _PODS.match(url.path)) and method == "GET":
-                selector = parse_qs(url.query).get("labelSelector", [""])[0]
-                key, _, value = selector.partition("=")
-                items = [p for p in fake.pods if p["metadata"].get("labels", {}).get(key) == value]
-                return self._send(200, {"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": items})
-            if (m := _SECRET.match(url.path)) and method == "GET":
-                secret = fake.secrets.get((m.group(1), m.group(2)))
-                if secret is None:
-                    return self._send(404, _status(404, "NotFound", f'secrets "{m.group(2)}" not found'))
-                return self._send(200, secret)
-            return self._send(404, _status(404, "NotFound", f"no route {method} {url.path} in the fake"))
-
-        def _cluster(self, method: str, ns: str, name: str | None, body: dict | None) -> None:
-            if method == "POST" and name is None:
-                key = (ns, body["metadata"]["name"])
-                if key in fake.clusters:
-                    return self._send(
-                        409, _status(409, "AlreadyExists", f'rayclusters.ray.io "{key[1]}" already exists')
-                    )
-                obj = json.loads(json.dumps(body))
-                fake.created += 1
-                obj["metadata"].update(
-                    uid=f"uid-{fake.created}", resourceVersion="1", creationTimestamp="2026-12-02T00:00:00Z"
-                )
-                fake.clusters[key], fake.gets[key] = obj, 0
-                return self._send(201, obj)
-            key = (ns, name)
-            obj = fake.clusters.get(key)
-            if obj is None:
-                return self._send(404, _status(404, "NotFound", f'rayclusters.ray.io "{name}" not found'))
-            if method == "GET":
-                fake.gets[key] += 1
-                if obj["metadata"].get("deletionTimestamp"):
-                    obj["_gone_in"] -= 1
-                    if obj["_gone_in"] < 0:
-                        del fake.clusters[key]
-                        return self._send(404, _status(404, "NotFound", f'rayclusters.ray.io "{name}" not found'))
-                elif fake.gets[key] >= fake.gets_until_ready:
-                    obj["status"] = {
-                        "state": fake.final_state,
-                        "reason": "" if fake.final_state == "ready" else "boom",
-                        "readyWorkerReplicas": 1,
-                        "desiredWorkerReplicas": 1,
-                        "head": {"serviceName": f"{name}-head-svc", "podIP": "10.0.0.5"},
-                    }
-                else:
-                    obj["status"] = {"desiredWorkerReplicas": 1, "readyWorkerReplicas": 0}
-                return self._send(200, {k: v for k, v in obj.items() if not k.startswith("_")})
-            if method == "DELETE":
-                obj["metadata"]["deletionTimestamp"] = "2026-12-02T01:00:00Z"
-                obj["_gone_in"] = fake.gets_until_gone - 1
-                return self._send(200, {"kind": "Status", "apiVersion": "v1", "status": "Success"})
-            return self._send(405, _status(405, "MethodNotAllowed", method))
-
-        def do_GET(self):
-            self._route("GET")
-
-        def do_POST(self):
-            self._route("POST")
-
-        def do_DELETE(self):
-            self._route("DELETE")
-
-    return Handler
-
-
-@pytest.fixture(scope="module")
-def server():
-    holder = {"fake": FakeKube()}
-
-    class Proxy:  # the handler class is built once; tests swap the state behind it
-        def __getattr__(self, item):
-            return getattr(holder["fake"], item)
-
-        def __setattr__(self, item, value):
-            setattr(holder["fake"], item, value)
-
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(Proxy()))
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    yield httpd, holder
-    httpd.shutdown()
-    httpd.server_close()
-
-
-@pytest.fixture
-def fake(server) -> FakeKube:
-    _, holder = server
-    holder["fake"] = FakeKube()
-    return holder["fake"]
-
-
-@pytest.fixture
-def hook(server, fake) -> KubeRayHook:
-    from kubernetes import client
-
-    httpd, _ = server
-    cfg = client.Configuration()
-    cfg.host = f"http://127.0.0.1:{httpd.server_address[1]}"
-    return KubeRayHook(namespace=NS, client_configuration=cfg, request_timeout=5)
 
 
 def manifest(name="evergreen-test-1a2b3c4d", **kw):
@@ -420,6 +243,8 @@ def test_create_and_wait_returns_the_endpoints(hook, fake, monkeypatch):
         "namespace": NS,
         "address": f"{host}:6379",
         "dashboard_url": f"http://{host}:8265",
+        "env": {"RAY_AUTH_MODE": "token"},  # the template's authOptions: the token itself stays in its Secret
+        "kuberay": {"name": name, "namespace": NS, "conn_id": "kuberay_default"},
     }
     method, path, body = fake.requests[0]
     assert (method, path) == ("POST", f"/apis/ray.io/v1/namespaces/{NS}/rayclusters")
