@@ -38,6 +38,8 @@ RUN set -eux; \
 USER root
 # KubeRay starts Ray with `/bin/bash -lc "ray start ..."`. A login shell rebuilds PATH from /etc/profile,
 # which drops the directory the `ray` script was installed into; put that directory back.
+# The profile line expands $PATH at login, not now: single quotes on purpose.
+# hadolint ignore=SC2016
 RUN set -eux; \
     ray_bin="$(dirname "$(cat /tmp/evergreen/ray-path)")"; \
     printf 'case ":$PATH:" in *":%s:"*) ;; *) export PATH="%s:$PATH" ;; esac\n' "$ray_bin" "$ray_bin" \
