@@ -29,26 +29,28 @@ from pydantic_settings import (
 )
 from pydantic_settings.sources.utils import parse_env_vars
 
-# the sections are declared in their own module; callers import them from here, with the root and the loading
+# the sections are declared in their own modules; callers import them from here, with the root and the loading
+from tasks.config_deployment import (
+    CostSettings,
+    DriftSettings,
+    IngestSettings,
+    MonitorSettings,
+    OrchestrationSettings,
+    PromotionSettings,
+    RaySettings,
+    SimulateSettings,
+    TrackingSettings,
+)
 from tasks.config_sections import (
     PROJECT_ROOT,
     BootstrapSettings,
-    CostSettings,
-    DriftSettings,
     EnvSettings,
     EvalSettings,
     GRPOSettings,
-    IngestSettings,
     LoraSettings,  # noqa: F401 (re-exported: callers import the sections from here)
     ModelSettings,
-    MonitorSettings,
-    OrchestrationSettings,
     ProjectPath,
-    PromotionSettings,
-    RaySettings,
     RolloutSettings,
-    SimulateSettings,
-    TrackingSettings,
     _Section,
 )
 

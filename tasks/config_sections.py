@@ -1,7 +1,8 @@
-"""The sections of the pipeline settings: one pydantic model per `include/config/pipeline.yaml` section, each
-field documented where it is declared and checked by its own validators. The root model that holds them,
-its cross-section checks and the loading (YAML, `EVERGREEN_*`, `--set`) are in tasks/config.py, which is
-what callers import (it re-exports these names).
+"""The sections of the pipeline settings that shape training: one pydantic model per `include/config/pipeline.yaml`
+section (model, env, bootstrap, rollout, grpo, eval), each field documented where it is declared and checked by
+its own validators. The deployment's sections (signals, promotion, cost, tracking, Ray, orchestration) are in
+tasks/config_deployment.py; the root model that holds them all, its cross-section checks and the loading (YAML,
+`EVERGREEN_*`, `--set`) in tasks/config.py, which is what callers import (it re-exports these names).
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
@@ -348,162 +349,3 @@ class EvalSettings(_Section):
     samples: int = Field(4, ge=1, description="sampled attempts per task at the rollout temperature")
     interval_resamples: int = Field(2000, ge=100, description="paired-bootstrap resamples for intervals")
     confidence: float = Field(0.95, gt=0.5, lt=1, description="confidence level of the intervals")
-
-
-class IngestSettings(_Section):
-    chunk_rows: int = Field(
-        50_000,
-        ge=100,
-        description="rows parsed, checked and validated (GX) per chunk: bounds memory "
-        "(the chunk's raw lines); each GX run costs ~0.25 s whatever its size",
-    )
-    max_line_bytes: int = Field(1 << 20, ge=1024, description="a longer line is quarantined unparsed ('line too long')")
-    max_quarantine_share: float = Field(0.1, ge=0, le=1, description="a window with a larger share of bad rows fails")
-    required_workloads: list[str] = Field(
-        default_factory=list, description="workloads that must appear in every window"
-    )
-    future_tolerance_s: float = Field(
-        300.0, ge=0, description="clock skew allowed past the window end before a timestamp counts as 'in the future'"
-    )
-
-
-class DriftSettings(_Section):
-    alpha: float = Field(
-        0.05, gt=0, lt=0.5, description="family-wise false-alarm rate across all drift tests of a report"
-    )
-    correction: Literal["holm", "bonferroni"] = Field(
-        "holm", description="multiple-testing correction across the family"
-    )
-    min_samples: int = Field(
-        200, ge=10, description="traces per workload and window below which a test says 'insufficient data'"
-    )
-    min_success_diff: float = Field(
-        0.05, gt=0, lt=1, description="smallest success-rate change (absolute) that must be detected"
-    )
-    min_tool_error_diff: float = Field(
-        0.05, gt=0, lt=1, description="smallest tool-error-rate change (absolute) that must be detected"
-    )
-    min_ks: float = Field(
-        0.1, gt=0, lt=1, description="smallest KS distance (prompt tokens, turns, tool calls) that must be detected"
-    )
-    min_psi: float = Field(
-        0.1, gt=0, description="smallest population-stability index of the tool-name mix that must be detected"
-    )
-    reference_days: int = Field(7, ge=1, description="the reference window: this many days before the current one")
-
-
-class SimulateSettings(_Section):
-    traces: int = Field(
-        1500, ge=10, description="simulated production traces of the demo (two days, the tool change between)"
-    )
-    malformed_share: float = Field(
-        0.02, ge=0, lt=1, description="share of simulated lines made malformed (quarantine path)"
-    )
-
-
-class PromotionSettings(_Section):
-    model_name: str = Field("evergreen-agent", description="MLflow registered model name")
-    metric: Literal["greedy_success", "sampled_success"] = Field(
-        "greedy_success", description="eval column the gate judges (greedy = how the model is served)"
-    )
-    min_gain: float = Field(
-        0.05,
-        gt=-1,
-        lt=1,
-        description="the lower 95% bound of the target workload's success "
-        "difference (challenger - champion, absolute) must reach this; a negative value is a "
-        "non-inferiority margin (ship a challenger that is at worst this much worse)",
-    )
-    guard_tolerance: float = Field(
-        0.10,
-        ge=0,
-        lt=1,
-        description="non-inferiority margin of each guard workload: the "
-        "lower bound of its difference must stay above -guard_tolerance",
-    )
-    min_gain_per_dollar: float = Field(
-        1.0,
-        ge=0,
-        description="success points gained on the target (point estimate, "
-        "in percentage points) per dollar of total cost (run + projected serving change); "
-        "0 disables the check",
-    )
-    max_cost_usd: float | None = Field(
-        None,
-        ge=0,
-        description="budget of one run in USD (run + projected serving "
-        "change, as the cost stage prices it): a dearer run is not promoted however "
-        "good; null: no budget (the DAG param max_cost_usd sets it per run)",
-    )
-
-
-class CostSettings(_Section):
-    prices_file: ProjectPath = Field(
-        PROJECT_ROOT / "include" / "config" / "prices.yaml", description="price table with dated sources"
-    )
-    cpu_price: str = Field("aws-c7i-on-demand", description="key under `cpu:` in the price table")
-    gpu_price: str = Field("h200-aws-p5e-on-demand", description="key under `gpu:` in the price table (GPU runs only)")
-    serving_price: str = Field("self-hosted-tiny", description="key under `serving:` ($ per million tokens)")
-    traffic_episodes_per_day: float = Field(100_000, ge=0, description="production episodes a day (serving projection)")
-    horizon_days: float = Field(30, gt=0, description="days over which the serving-cost change is projected")
-
-
-class TrackingSettings(_Section):
-    uri: str | None = Field(
-        None,
-        description="MLflow tracking URI (an `mlflow server`); None: a SQLite store "
-        "under run_dir (mlflow.db, artifacts in mlartifacts/), no server needed",
-    )
-    experiment: str = Field("evergreen", description="MLflow experiment of the pipeline runs")
-
-
-class RaySettings(_Section):
-    address: str | None = Field(
-        None,
-        description="existing cluster address for drivers (`auto` inside a Ray job); "
-        "None starts a local one in-process (the command line and tests)",
-    )
-    num_cpus: int | None = Field(None, ge=1, description="logical CPUs of a local cluster (None: all cores)")
-    backend: Literal["local", "address", "kuberay"] = Field(
-        "local",
-        description="how the Airflow DAG gets its cluster: `local` starts a head on this machine for the run "
-        "and stops it after; `address` uses the existing cluster at `address` (dashboard at `dashboard_url`); "
-        "`kuberay` creates a RayCluster from `kuberay_manifest` and deletes it after",
-    )
-    head_port: int = Field(6390, ge=1024, le=65535, description="GCS port of a `local` head")
-    dashboard_port: int = Field(8265, ge=1024, le=65535, description="dashboard / Jobs API port of a `local` head")
-    dashboard_url: str | None = Field(None, description="Jobs API of an `address` cluster, e.g. http://ray-head:8265")
-    kuberay_manifest: ProjectPath = Field(
-        Path("include/deploy/kuberay/raycluster.yaml"), description="RayCluster template"
-    )
-    kuberay_namespace: str = Field("evergreen", description="namespace of the RayClusters the DAG creates")
-    kuberay_image: str | None = Field(None, description="image for every Ray container (None: the manifest's)")
-    job_timeout_s: int = Field(7200, ge=60, description="a Ray job (GRPO) that runs longer is stopped and fails")
-
-    @model_validator(mode="after")
-    def _backend_needs(self) -> RaySettings:
-        if self.backend == "address" and not (self.address and self.dashboard_url):
-            raise ValueError(
-                "ray.backend=address needs ray.address (GCS, host:6379) and ray.dashboard_url "
-                "(Jobs API, http://host:8265); set both, or use ray.backend=local"
-            )
-        return self
-
-
-class OrchestrationSettings(_Section):
-    task_timeout_s: int = Field(
-        7200,
-        ge=60,
-        description="an Airflow task (a stage) that runs longer is stopped "
-        "and fails (its execution_timeout; the deferred GRPO wait has ray.job_timeout_s)",
-    )
-
-
-class MonitorSettings(_Section):
-    traces: TraceSource = Field(
-        "runs/production/traces",
-        description="where production traces land: a directory "
-        "(relative to the project) or an s3:// prefix, partitioned date=YYYY-MM-DD/; or "
-        "mlflow:EXPERIMENT (MLflow Tracing) or otel:FILE.json (an OTLP JSON GenAI span export)",
-    )
-    window_days: int = Field(1, ge=1, le=31, description="the current window: this many whole days before the run")

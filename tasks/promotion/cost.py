@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 if TYPE_CHECKING:
-    from tasks.config_sections import CostSettings
+    from tasks.config_deployment import CostSettings
 
 KINDS = ("cpu", "gpu", "serving")
 # One accepted unit per kind: the ledger multiplies the price by exactly this quantity, so a price in any

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 from tasks.stages.contracts import Decision
 
 if TYPE_CHECKING:
-    from tasks.config_sections import PromotionSettings
+    from tasks.config_deployment import PromotionSettings
 
 REQUIRED_VALIDATIONS = ("data", "evals")
 _EPS = 1e-9

@@ -52,7 +52,7 @@ from tasks.signals.significance import (
 from tasks.signals.windowstats import WindowStats, WorkloadStats
 
 if TYPE_CHECKING:
-    from tasks.config_sections import DriftSettings
+    from tasks.config_deployment import DriftSettings
 
 STATISTICS = ("success_rate", "tool_error_rate", "prompt_tokens", "turns", "tool_calls", "tool_names")
 EFFECT_FLOOR = 0.5  # share of the configured minimum effect an observed effect must reach

@@ -48,7 +48,7 @@ from tasks.signals.windowstats import WindowStats
 if TYPE_CHECKING:
     import ctypes
 
-    from tasks.config_sections import IngestSettings
+    from tasks.config_deployment import IngestSettings
     from tasks.data.validation import Validator
 
 log = logging.getLogger(__name__)
