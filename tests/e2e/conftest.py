@@ -3,8 +3,10 @@ once per test run, with tiny budgets and a non-inferiority gate so that a minute
 
 Fixtures:
 - `airflow_stack`: the running Stack (`.api_url`, `.username`, `.password`, `.runs_root`, `.client()`)
-- `finished_run`: a continuous_post_training run started by a REST asset event and finished; the summary
-  dict it wrote, with `airflow_state` (the DAG run's state), `dag_run_id` and `run_dir` (a Path) added.
+- `head_killed_run`: a continuous_post_training run started by a REST asset event, its Ray head SIGKILLed
+  after GRPO's first checkpoint (and the scheduler and triggerer killed and restarted on the way): what happened.
+- `finished_run`: the next run, started by another REST asset event, resumed from that checkpoint and finished;
+  the summary dict it wrote, with `airflow_state` (the DAG run's state), `dag_run_id` and `run_dir` (a Path).
 - `tool_server`: the desk MCP server over HTTP that the stack's tool watch (EVERGREEN_TOOL_SOURCE) reads.
 """
 
@@ -23,6 +25,7 @@ import pytest
 from scripts.stack import Stack
 from tasks.net import free_port, port_busy
 from tests.dags.test_dag_runs import TINY
+from tests.e2e import drills
 
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
 ROOT = Path(__file__).resolve().parents[2]
@@ -93,17 +96,33 @@ def airflow_stack(tmp_path_factory, tool_server):
 
 
 @pytest.fixture(scope="session")
-def finished_run(airflow_stack):
+def head_killed_run(airflow_stack):
+    """The champion bootstrapped and production simulated; then a continuous_post_training run started by a REST
+    asset event, with the head-kill drill (tests/e2e/drills.py): the scheduler and the triggerer SIGKILLed and
+    restarted while GRPO is deferred, the run's Ray head SIGKILLed after GRPO's first checkpoint. Its outcome."""
     client = airflow_stack.client()
     for dag_id in ("bootstrap_champion", "simulate_production"):
         run = client.wait_for_run(dag_id, client.trigger(dag_id), timeout=900)
         assert run["state"] == "success", f"{dag_id} {run['state']}: see {airflow_stack.home / 'logs'}"
     since = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
+    client.post_asset_event("retrain_request", {"retrain": True, "summary": "e2e: REST asset event, head killed"})
+    outcome = drills.head_kill_drill(airflow_stack, drills.next_run(client, since))
+    from mlflow import MlflowClient
+
+    # the aliases as the failed run left them (the next run moves them)
+    model = MlflowClient(tracking_uri=airflow_stack.mlflow_url).get_registered_model("evergreen-agent")
+    return {**outcome, "aliases": dict(model.aliases)}
+
+
+@pytest.fixture(scope="session")
+def finished_run(airflow_stack, head_killed_run):
+    """The next run, started by another REST asset event: it resumes from the failed run's checkpoint and finishes.
+    The summary dict it wrote, with `airflow_state` (the DAG run's state), `dag_run_id` and `run_dir` (a Path)."""
+    client = airflow_stack.client()
+    since = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
     client.post_asset_event("retrain_request", {"retrain": True, "summary": "e2e: REST asset event"})
-    run = client.wait_for_run("continuous_post_training", after=since, timeout=1500)
-    summaries = sorted(
-        (airflow_stack.runs_root / "continuous_post_training").glob("*/summary.json"), key=lambda p: p.stat().st_mtime
-    )
-    assert summaries, f"no summary.json under {airflow_stack.runs_root}"
-    summary = json.loads(summaries[-1].read_text())
-    return {**summary, "airflow_state": run["state"], "dag_run_id": run["dag_run_id"], "run_dir": summaries[-1].parent}
+    run = client.wait_for_run("continuous_post_training", run_id=drills.next_run(client, since), timeout=1500)
+    where = drills.run_dir(airflow_stack, run["dag_run_id"])
+    assert where is not None and (where / "summary.json").exists(), f"no summary.json for {run['dag_run_id']}"
+    summary = json.loads((where / "summary.json").read_text())
+    return {**summary, "airflow_state": run["state"], "dag_run_id": run["dag_run_id"], "run_dir": where}
