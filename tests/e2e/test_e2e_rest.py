@@ -123,8 +123,8 @@ def test_two_dags_move_the_aliases_one_at_a_time(airflow_stack, finished_run):
             assert time.time() < deadline and not {"running", "success", "failed"} & set(states), states
             time.sleep(2)
         time.sleep(10)  # a few scheduler loops: a closed pool keeps both waiting
-        waiting = [client.get(p) for p in paths]
-        assert [t["state"] for t in waiting] == ["scheduled", "scheduled"] and not any(t["start_date"] for t in waiting)
+        # (a cleared task instance keeps its earlier try's start_date until it runs again: the state says it all)
+        assert [client.get(p)["state"] for p in paths] == ["scheduled", "scheduled"]
     finally:
         _set_slots(client, 1)
     deadline = time.time() + 600
