@@ -480,6 +480,12 @@ class KubeRayHook(OptionalConnectionHook):
         return base64.b64decode(data).decode()
 
 
+def referenced_token(ref: Mapping[str, Any]) -> str | None:
+    """The token of the KubeRay cluster a description's `kuberay` reference ({name, namespace, conn_id}) names,
+    read from its Secret; None where its auth is off."""
+    return KubeRayHook(namespace=ref.get("namespace"), conn_id=ref.get("conn_id")).auth_token(str(ref["name"]))
+
+
 def driver_environment(cluster: Mapping[str, Any] | None) -> dict[str, str]:
     """What a driver outside a KubeRay cluster (an Airflow task that attaches to it) needs beside the cluster
     description's env: the cluster's token, read from its Secret, for this task's process only (never XCom or a
@@ -488,7 +494,7 @@ def driver_environment(cluster: Mapping[str, Any] | None) -> dict[str, str]:
     ref = (cluster or {}).get("kuberay")
     if not ref or ((cluster or {}).get("env") or {}).get("RAY_AUTH_MODE") != "token":
         return {}
-    token = KubeRayHook(namespace=ref.get("namespace"), conn_id=ref.get("conn_id")).auth_token(str(ref["name"]))
+    token = referenced_token(ref)
     if not token:
         return {}
     from airflow.sdk.log import mask_secret

@@ -165,11 +165,9 @@ class RayJobHook(OptionalConnectionHook):
         """A KubeRay cluster's token, from its Secret (None: not a KubeRay cluster, or its auth is off)."""
         if not self._kuberay or self._env_token is not None:
             return None
-        from hooks.kuberay import KubeRayHook
+        from hooks.kuberay import referenced_token
 
-        ref = self._kuberay
-        kube = KubeRayHook(namespace=ref.get("namespace"), conn_id=ref.get("conn_id"))
-        token = kube.auth_token(str(ref["name"]))
+        token = referenced_token(self._kuberay)
         if token:
             self._token_required = True  # the cluster's auth is on: never fall back to no header
         return token

@@ -60,23 +60,30 @@ def _status(code: int, reason: str, message: str) -> dict:
     }
 
 
+class _JsonHandler(BaseHTTPRequestHandler):
+    """What both fakes share: JSON bodies in and out, no request log in pytest's output."""
+
+    def log_message(self, *args):
+        pass
+
+    def _body(self) -> dict | None:
+        length = int(self.headers.get("Content-Length") or 0)
+        return json.loads(self.rfile.read(length)) if length else None
+
+    def _send(self, code: int, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
 def kube_handler(fake: FakeKube) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args):  # keep pytest output clean
-            pass
-
-        def _send(self, code: int, body: dict) -> None:
-            data = json.dumps(body).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
+    class Handler(_JsonHandler):
         def _route(self, method: str) -> None:
             url = urlparse(self.path)
-            length = int(self.headers.get("Content-Length") or 0)
-            body = json.loads(self.rfile.read(length)) if length else None
+            body = self._body()
             fake.requests.append((method, self.path, body))
             if fake.forbid:
                 return self._send(
@@ -178,23 +185,11 @@ class FakeJobs:
 
 
 def jobs_handler(fake: FakeJobs) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args):
-            pass
-
-        def _send(self, code: int, body: dict) -> None:
-            data = json.dumps(body).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
+    class Handler(_JsonHandler):
         def _route(self, method: str) -> None:
             path = urlparse(self.path).path
             fake.requests.append((method, path, self.headers.get("Authorization")))
-            length = int(self.headers.get("Content-Length") or 0)
-            body = json.loads(self.rfile.read(length)) if length else None
+            body = self._body()
             if path == "/api/version" and method == "GET":
                 return self._send(200, {"version": "4", "ray_version": "2.60.0", "ray_commit": "fake"})
             if path == "/api/jobs/" and method == "POST":
