@@ -180,3 +180,4 @@ class RayClusterOperator(BaseOperator):
             return out
         finally:
             record_task_time(context, rd, started)
+            rd.push()  # only this task's own files: it reads none, so it pulls none

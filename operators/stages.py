@@ -123,6 +123,7 @@ class StageOperator(PythonOperator):
         self._trigger = trigger_of(context)
         self._settings = settings_for(context["params"], self._trigger)
         self._rd = run_dir_of(context, self._settings)
+        self._rd.pull()  # a run kept on S3: this worker's copy of what earlier tasks pushed (tasks.mirror)
         from hooks.kuberay import driver_environment
 
         # a KubeRay cluster's token for the stages that attach to it as drivers (this task's process only)
@@ -142,6 +143,7 @@ class StageOperator(PythonOperator):
             return PythonOperator.execute(self, context)  # not super(): the branch subclass's MRO
         finally:
             record_task_time(context, self._rd, started)
+            self._rd.push()  # failed or not: what the stage wrote is the next try's, on whichever worker
 
     def determine_kwargs(self, context) -> dict:
         wanted = inspect.signature(self.python_callable).parameters

@@ -104,9 +104,11 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         settings = load_settings(
-            args.settings or args.config, overrides=_overrides(args.set), environ={} if args.settings else None
+            _local_settings(args.settings) or args.config,
+            overrides=_overrides(args.set),
+            environ={} if args.settings else None,
         )
-    except SettingsError as e:
+    except (SettingsError, OSError) as e:
         print(e, file=sys.stderr)
         return 2
 
@@ -119,6 +121,19 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"python -m tasks {args.command}: {e} (-v for the traceback)", file=sys.stderr)
         return 2
+
+
+def _local_settings(uri: str | None) -> str | None:
+    """A run's settings file kept on S3 (a Ray job of a run whose run_dir is there), copied to a local file."""
+    from tasks import storage
+
+    if not uri or not storage.is_s3(uri):
+        return uri
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("wb", suffix=".json", prefix="evergreen-settings-", delete=False) as f:
+        f.write(storage.read_bytes(uri))
+    return f.name
 
 
 def _command(args: argparse.Namespace, settings: Settings) -> int:
@@ -160,10 +175,14 @@ def _ray_command(args: argparse.Namespace, settings: Settings) -> int:
     if args.command == "train":
         from tasks.rl.rollout import start_rollout_actors
         from tasks.rl.train import run_grpo
+        from tasks.rundir import working_copy
 
-        actors = start_rollout_actors(args.init, settings, namespace=args.engines) if args.engines else None
-        result = run_grpo(settings, args.init, args.run_dir, fail_at_step=args.fail_at_step, actors=actors)
-        print(json.dumps({"metrics": result.metrics, "model": str(Path(args.run_dir) / "model")}, default=str))
+        # a run kept on S3: the champion and the GRPO directory (checkpoints to resume from) pulled into this
+        # machine's copy; the rank-0 worker pushes each checkpoint and the model back (tasks.rl.train)
+        init, run_dir = working_copy(settings, args.init), working_copy(settings, args.run_dir)
+        actors = start_rollout_actors(init, settings, namespace=args.engines) if args.engines else None
+        result = run_grpo(settings, init, run_dir, fail_at_step=args.fail_at_step, actors=actors, run_uri=args.run_dir)
+        print(json.dumps({"metrics": result.metrics, "model": f"{args.run_dir}/model"}, default=str))
     elif args.command == "rollout":
         from tasks.envs import get_env
 

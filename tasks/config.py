@@ -50,17 +50,26 @@ from tasks.config_sections import (
     LoraSettings,  # noqa: F401 (re-exported: callers import the sections from here)
     ModelSettings,
     ProjectPath,
+    ProjectUri,
     RolloutSettings,
     _Section,
 )
+from tasks.storage import is_s3
 
 DEFAULT_CONFIG = PROJECT_ROOT / "include" / "config" / "pipeline.yaml"
 ENV_PREFIX = "EVERGREEN_"
 
 
 class Settings(_Section):
-    run_dir: ProjectPath = Field(
-        PROJECT_ROOT / "runs" / "local", description="where runs write models, records, checkpoints"
+    run_dir: ProjectUri = Field(
+        str(PROJECT_ROOT / "runs" / "local"),
+        description="where runs keep models, records, checkpoints: a local directory, or s3://bucket/prefix when "
+        "tasks run on machines that share no disk (each task then works in scratch_dir and pushes its files)",
+    )
+    scratch_dir: ProjectPath = Field(
+        PROJECT_ROOT / "runs" / "scratch",
+        description="this worker's local working copies of runs kept on S3 (tasks.mirror); one per worker "
+        "(EVERGREEN_SCRATCH_DIR); unused when run_dir is local",
     )
     model: ModelSettings = ModelSettings()
     env: EnvSettings = EnvSettings()
@@ -83,6 +92,20 @@ class Settings(_Section):
         """Whether weights reach the engines through a weight-transfer group: LoRA adapters always go by the
         object store (they are small; vLLM takes an adapter from a directory, not a broadcast)."""
         return self.rollout.collective_sync and self.grpo.lora is None
+
+    @property
+    def local_root(self) -> Path:
+        """Where this process works on runs: run_dir itself when it is local, else this worker's scratch_dir."""
+        return Path(self.scratch_dir if is_s3(self.run_dir) else self.run_dir).resolve()
+
+    @model_validator(mode="after")
+    def _s3_runs_need_a_tracking_server(self) -> Settings:
+        if is_s3(self.run_dir) and not self.tracking.uri:
+            raise ValueError(
+                f"run_dir={self.run_dir} is on S3, but tracking.uri is empty (an SQLite MLflow store under "
+                "run_dir): set tracking.uri to the MLflow server the workers share"
+            )
+        return self
 
     @model_validator(mode="after")
     def _lora_needs_vllm(self) -> Settings:

@@ -71,13 +71,11 @@ def prepare(settings: Settings, model_uri: str | None = None) -> Path:
     from tasks.stages.models import CHAMPION_URI, fetch_champion
 
     if model_uri is None or model_uri == CHAMPION_URI.format(name=settings.promotion.model_name):
-        dest = Path(settings.run_dir) / "serving" / "champion"
+        dest = settings.local_root / "serving" / "champion"
         shutil.rmtree(dest, ignore_errors=True)  # the alias may have moved since the last serve
         directory = fetch_champion(settings, dest)
     else:
-        directory = resolve_model_dir(
-            model_uri, Path(settings.run_dir) / "serving" / "download", settings.model.revision
-        )
+        directory = resolve_model_dir(model_uri, settings.local_root / "serving" / "download", settings.model.revision)
     storage.verify_manifest(directory)
     ChatFormat.load(
         directory, settings.model.tool_call_parser, settings.model.revision, settings.model.trust_remote_code

@@ -120,6 +120,24 @@ def _get_object(uri: str) -> dict:
         raise mapped from None
 
 
+def exists(uri: str | Path) -> bool:
+    """Whether the file or object is there (refused credentials and outages raise, never read as "no")."""
+    uri = str(uri)
+    if not is_s3(uri):
+        return Path(uri).exists()
+    bucket, key = split_s3(uri)
+    try:
+        s3_client().head_object(Bucket=bucket, Key=key)
+        return True
+    except Exception as e:
+        mapped = s3_error(e, uri)
+        if isinstance(mapped, FileNotFoundError):
+            return False
+        if mapped is e:
+            raise
+        raise mapped from None
+
+
 def open_binary(uri: str | Path) -> BinaryIO:
     """A readable binary stream; S3 objects are streamed, never read whole into memory."""
     uri = str(uri)
@@ -239,7 +257,7 @@ def write_bytes(uri: str | Path, data: bytes) -> str:
     return uri
 
 
-def upload_file(local: str | Path, uri: str) -> str:
+def upload_file(local: str | Path, uri: str, sha256: str | None = None) -> str:
     """Copy a local file to `uri`. Large files go to S3 as a multipart upload, which stays invisible
     until it completes: an interrupted upload leaves no partial object (botocore retries each part)."""
     local = Path(local)
@@ -256,10 +274,22 @@ def upload_file(local: str | Path, uri: str) -> str:
         str(local),
         bucket,
         key,
-        ExtraArgs={"Metadata": {SHA256_META: sha256_file(local)}},
+        ExtraArgs={"Metadata": {SHA256_META: sha256 or sha256_file(local)}},
         Config=TransferConfig(multipart_threshold=8 << 20, multipart_chunksize=8 << 20),
     )
     return uri
+
+
+def inside_dir(root: Path, relative: str, what: str) -> Path:
+    """root / relative, refused (ValueError naming `what`) where it would land outside `root`: an object key
+    with `..`, an absolute part or a symlink out must not write anywhere else on this machine."""
+    target = (root / relative).resolve()
+    if not relative or target == root or not target.is_relative_to(root):
+        raise ValueError(
+            f"{what} would be written to {target}, outside {root}: refused (a key with '..' or an "
+            "absolute path); fix the object's key"
+        )
+    return target
 
 
 def iter_lines(stream: BinaryIO, chunk_bytes: int = 1 << 20) -> Iterator[bytes]:

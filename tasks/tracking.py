@@ -112,7 +112,7 @@ class Tracker:
         t = settings.tracking
         if t.uri:
             return cls(t.uri, t.experiment)
-        run_dir = Path(settings.run_dir).resolve()
+        run_dir = settings.local_root  # local: settings refuse an S3 run_dir without tracking.uri
         run_dir.mkdir(parents=True, exist_ok=True)
         return cls(f"sqlite:///{run_dir / 'mlflow.db'}", t.experiment, artifact_location=run_dir / "mlartifacts")
 

@@ -152,7 +152,7 @@ def _resolve(uri: str, cache_dir: str | Path | None, revision: str | None) -> Pa
             raise FileNotFoundError(f"no objects under {uri}: expected a saved model directory there")
         dest = Path(cache_dir or tempfile.mkdtemp(prefix="evergreen-model-")).resolve()
         for file_uri in files:
-            target = inside(dest, file_uri[len(prefix) :], what=f"object {file_uri}")
+            target = storage.inside_dir(dest, file_uri[len(prefix) :], what=f"object {file_uri}")
             target.parent.mkdir(parents=True, exist_ok=True)
             storage.write_atomic(target, storage.read_bytes(file_uri))
         return dest
@@ -164,18 +164,6 @@ def _resolve(uri: str, cache_dir: str | Path | None, revision: str | None) -> Pa
             f"{path} is not a saved model directory (no config.json); run `python -m tasks bootstrap` first"
         )
     return path
-
-
-def inside(root: Path, relative: str, what: str) -> Path:
-    """root / relative, refused (ValueError naming `what`) where it would land outside `root`: an object key
-    with `..`, an absolute part or a symlink out must not write anywhere else on this machine."""
-    target = (root / relative).resolve()
-    if not relative or target == root or not target.is_relative_to(root):
-        raise ValueError(
-            f"{what} would be written to {target}, outside {root}: refused (a key with '..' or an "
-            "absolute path); fix the object's key"
-        )
-    return target
 
 
 def _looks_like_hub_id(uri: str) -> bool:

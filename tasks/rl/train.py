@@ -142,6 +142,7 @@ def grpo_loop(config: dict) -> None:
     import ray.train.torch
 
     from tasks.config import Settings
+    from tasks.mirror import Mirror
     from tasks.policy.model import load_model, save_model, state_dict_snapshot
     from tasks.rl.checkpoint import latest_checkpoint, restore_checkpoint, save_checkpoint
     from tasks.rl.rollout import RolloutPool
@@ -159,6 +160,9 @@ def grpo_loop(config: dict) -> None:
     ckpt_dir = run_dir / "checkpoints"
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    mirror = Mirror(config.get("run_uri") or str(run_dir), run_dir)  # a run kept on S3 (tasks.mirror)
+    if mirror.remote and not run_dir.exists():
+        mirror.pull()  # a worker on another node than the driver, which pulled its own copy
     torch.manual_seed(g.seed)
     # on GPUs Ray Train gives each worker its device (CUDA_VISIBLE_DEVICES and the local rank)
     device = ray.train.torch.get_device() if g.device == "cuda" else torch.device("cpu")
@@ -285,6 +289,7 @@ def grpo_loop(config: dict) -> None:
                 if choice:
                     assert pool is not None  # both are rank 0's
                     choice.score(pool, version)
+                mirror.push()  # the checkpoint, metrics and records so far: what a resumed run starts from
         ray.train.report(m, **report_kwargs)
     if rank == 0:
         assert pool is not None
@@ -303,6 +308,7 @@ def grpo_loop(config: dict) -> None:
             toolset=get_env(settings.env.name).load_toolset(settings.env.target_toolset),
             adapter=adapter_dir,
         )
+        mirror.push()
         if config.get("actors"):
             pool.close_transfer()  # the engines go back to their owner, who opens its own group
         else:
@@ -316,9 +322,11 @@ def run_grpo(
     fail_at_step: int | None = None,
     run_name: str = "grpo",
     actors: list[Any] | None = None,
+    run_uri: str | None = None,
 ) -> Any:
     """Fit GRPO with a Ray Train TorchTrainer (gloo on CPU, NCCL on GPUs); resumes from `run_dir/checkpoints`
-    if present.
+    if present. With `run_uri` (the run's GRPO directory on S3, pulled into `run_dir`), the rank-0 worker
+    pushes each checkpoint and the model there.
 
     The trainer's own controller takes no CPU (on 2 cores it would starve the workers); each worker
     holds one CPU, and the rollout actors it starts hold `rollout.cpus_per_worker` each.
@@ -343,6 +351,7 @@ def run_grpo(
         "settings": settings.model_dump(mode="json"),
         "init_model": init_model,
         "run_dir": str(run_dir),
+        "run_uri": run_uri,
         "fail_at_step": fail_at_step,
         "actors": actors,
     }

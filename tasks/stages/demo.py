@@ -19,8 +19,9 @@ import logging
 import shlex
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from tasks.config import Settings
@@ -36,28 +37,65 @@ DEMO_REFERENCE_DAYS = 1
 
 def demo_settings(settings: Settings) -> Settings:
     """The demo's settings: one reference day, and production traces inside the run directory."""
-    root = Path(settings.run_dir).resolve()
     return settings.model_copy(
         update={
             "drift": settings.drift.model_copy(update={"reference_days": DEMO_REFERENCE_DAYS}),
-            "monitor": settings.monitor.model_copy(update={"traces": str(root / "production" / "traces")}),
+            "monitor": settings.monitor.model_copy(
+                update={"traces": f"{str(settings.run_dir).rstrip('/')}/production/traces"}
+            ),
         }
     )
 
 
+class Workers:
+    """Where the demo runs each stage of a run. On a local run_dir: in it. On S3: in turn on two "workers",
+    scratch directories that share nothing (`<scratch_dir>/worker-0`, `-1`), each stage pulling the run
+    before and pushing after, as Celery workers on two machines do (tasks.mirror): the demo then shows
+    that no stage needs another's disk."""
+
+    def __init__(self, settings: Settings, dag_id: str, run_id: str) -> None:
+        from tasks.storage import is_s3
+
+        self.settings, self.dag_id, self.run_id = settings, dag_id, run_id
+        self.remote, self.turn = is_s3(settings.run_dir), 0
+
+    def rd(self) -> RunDir:
+        from tasks.rundir import RunDir
+
+        return RunDir.for_run(self._next(), self.dag_id, self.run_id)
+
+    def _next(self) -> Settings:
+        if not self.remote:
+            return self.settings
+        self.turn += 1
+        return self.settings.model_copy(update={"scratch_dir": self.settings.scratch_dir / f"worker-{self.turn % 2}"})
+
+    def run(self, stage: Callable[..., Any], *args: Any) -> Any:
+        """stage(settings, rd, *args) on the next worker, with the run's toolsets pinned as a task pins them."""
+        from tasks.rundir import RunDir
+        from tasks.stages.rollouts import pin_toolsets
+
+        settings = self._next()
+        rd = RunDir.for_run(settings, self.dag_id, self.run_id)
+        with rd.synced():
+            return stage(pin_toolsets(settings, rd), rd, *args)
+
+
 def run_demo(settings: Settings, fresh: bool = True) -> RunSummary:
     """The whole loop; returns the run's RunSummary (also in <run_dir>/continuous_post_training/<run>/)."""
-    from tasks.rundir import RunDir
-    from tasks.stages import models, report, rollouts, signals
+    from tasks.stages import models, report, signals
     from tasks.stages.contracts import RunSummary
     from tasks.stages.simulate import simulate_production
+    from tasks.storage import is_s3
 
     settings = demo_settings(settings)
-    root = Path(settings.run_dir).resolve()
-    if fresh and root.exists():
+    root = Path(settings.local_root)
+    if fresh and root.exists():  # a run_dir on S3 is never emptied: give the demo a prefix of its own
         shutil.rmtree(root)
     run_id = f"cli__{time.strftime('%Y%m%dT%H%M%S')}"
-    models.bootstrap(settings, RunDir.for_run(settings, "bootstrap_champion", run_id))
+    if is_s3(settings.run_dir):
+        log.info("run_dir %s is on S3: the stages run in turn in %s/worker-0 and -1", settings.run_dir, root)
+    Workers(settings, "bootstrap_champion", run_id).run(models.bootstrap)
     simulate_production(settings, days=2, tool_change=True)
     verdict = signals.monitor(settings)
     events = (
@@ -65,41 +103,41 @@ def run_demo(settings: Settings, fresh: bool = True) -> RunSummary:
     )
     trigger = {"kind": "cli", "asset_events": events, "params": {}}
 
-    rd = RunDir.for_run(settings, "continuous_post_training", run_id)
-    settings = rollouts.pin_toolsets(settings, rd)
-    report.open_run(settings, rd, trigger)
+    workers = Workers(settings, "continuous_post_training", run_id)
+    workers.run(report.open_run, trigger)
     try:
-        _train_or_skip(settings, rd, trigger)
+        _train_or_skip(workers, trigger)
     finally:  # like the DAG's summarize (trigger rule all_done): a failed run is summarized as failed
-        report.summarize(settings, rd)
+        workers.run(report.summarize)
+    rd = workers.rd()
+    rd.pull()
     summary = RunSummary.model_validate_json((rd.path / "summary.json").read_text())
     print(report.format_summary(summary), flush=True)
     return summary
 
 
-def _train_or_skip(settings: Settings, rd: RunDir, trigger: dict) -> None:
+def _train_or_skip(workers: Workers, trigger: dict) -> None:
     from tasks.rl.cluster import setup_local_cluster, teardown_local_cluster
     from tasks.stages import evaluation, promotion, rollouts, signals, training
     from tasks.stages.simulate import child_env, stream
 
-    signals.validate_data(settings, rd)
-    if not signals.should_train(settings, rd, trigger)["train"]:
-        signals.skip(settings, rd)
-    else:
-        for toolset in rollouts.toolsets(settings):
-            rollouts.build_tasks(settings, rd, toolset)
-        run_key = f"{rd.dag_id}/{rd.run_id}"
-        rd.write(setup_local_cluster(settings, run_key), "cluster.json")
-        try:
-            for shard in rollouts.PROBE_SHARDS:
-                rollouts.probe_rollouts(settings, rd, shard, len(rollouts.PROBE_SHARDS))
-            job = training.grpo_command(settings, rd)
-            stream(shlex.split(job["entrypoint"]), child_env() | job["env_vars"], "grpo")
-            training.record_training(settings, rd, job={"job_id": "local-process"})
-            evaluation.evaluate(settings, rd)
-            evaluation.validate_evals(settings, rd)
-            promotion.cost(settings, rd)
-            promotion.gate(settings, rd)
-            promotion.move_aliases(settings, rd)
-        finally:
-            teardown_local_cluster(run_key)
+    workers.run(signals.validate_data)
+    if not workers.run(signals.should_train, trigger)["train"]:
+        workers.run(signals.skip)
+        return
+    for toolset in rollouts.toolsets(workers.settings):
+        workers.run(rollouts.build_tasks, toolset)
+    run_key = f"{workers.dag_id}/{workers.run_id}"
+    workers.run(lambda s, rd: rd.write(setup_local_cluster(s, run_key), "cluster.json"))
+    try:
+        for shard in rollouts.PROBE_SHARDS:
+            workers.run(rollouts.probe_rollouts, shard, len(rollouts.PROBE_SHARDS))
+        job = workers.run(training.grpo_command)
+        stream(shlex.split(job["entrypoint"]), child_env() | job["env_vars"], "grpo")
+        workers.run(training.record_training, {"job_id": "local-process"})
+        for stage in (evaluation.evaluate, evaluation.validate_evals):
+            workers.run(stage)
+        for stage in (promotion.cost, promotion.gate, promotion.move_aliases):
+            workers.run(stage)
+    finally:
+        teardown_local_cluster(run_key)

@@ -270,9 +270,9 @@ def monitor(settings: Settings, window: str | None = None, reference_days: int |
     """drift_monitor's check of one window (default the last `monitor.window_days` whole days) against the
     `reference_days` before it, in <run_dir>/drift_monitor/; returns the verdict plus whether it is new (not
     yet announced): an hourly monitor sees the same finished day many times and must ask for retraining once."""
+    from tasks import storage
     from tasks.signals.monitor import check_production
     from tasks.stages.models import fetch_champion
-    from tasks.storage import write_atomic
 
     win = _window(settings, window)
     s = settings
@@ -280,7 +280,7 @@ def monitor(settings: Settings, window: str | None = None, reference_days: int |
         s = settings.model_copy(
             update={"drift": settings.drift.model_copy(update={"reference_days": int(reference_days)})}
         )
-    out = Path(settings.run_dir) / "drift_monitor"
+    out = settings.local_root / "drift_monitor"  # this check's working files
     key = re.sub(r"[^A-Za-z0-9_.-]+", "_", str(win))
     source = _traces(s, out / "source" / key, win)
     if not _has_traces(source, win):
@@ -300,10 +300,12 @@ def monitor(settings: Settings, window: str | None = None, reference_days: int |
         champion=champion,
         toolset=settings.env.target_toolset if champion else None,
     )
-    announced = out / "announced" / f"{key}_{verdict.get('registry_hash') or 'none'}.json"
-    verdict["new"] = verdict["retrain"] and not announced.exists()
+    # what was announced is shared by every worker that runs the check: kept under run_dir (S3 or local)
+    name = f"{key}_{verdict.get('registry_hash') or 'none'}.json"
+    announced = f"{str(settings.run_dir).rstrip('/')}/drift_monitor/announced/{name}"
+    verdict["new"] = verdict["retrain"] and not storage.exists(announced)
     if verdict["new"]:
-        write_atomic(announced, json.dumps({"window": str(win), "summary": verdict["summary"]}))
+        storage.write_bytes(announced, json.dumps({"window": str(win), "summary": verdict["summary"]}).encode())
     return verdict
 
 

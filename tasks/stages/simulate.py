@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import shlex
+import shutil
 import subprocess
 import sys
 from datetime import timedelta
@@ -55,11 +56,15 @@ def simulate_production(settings: Settings, days: int = 2, tool_change: bool = T
     every loaded module, and trips over the unbound Flask proxies an Airflow worker has imported."""
     import tempfile
 
+    from tasks.mirror import Mirror
     from tasks.stages.models import fetch_champion
     from tasks.stages.signals import last_full_days
+    from tasks.storage import is_s3
 
-    out = Path(settings.monitor.traces)
-    champion = fetch_champion(settings, out.parent / "champion")
+    # traces kept on S3 are written locally first, then pushed (the simulator writes files)
+    remote = is_s3(settings.monitor.traces)
+    out = Path(tempfile.mkdtemp(prefix="evergreen-traces-")) if remote else Path(settings.monitor.traces)
+    champion = fetch_champion(settings, (settings.local_root / "production" if remote else out.parent) / "champion")
     today = last_full_days(1).end
     assert today is not None  # last_full_days sets both ends of its window
     start = today - timedelta(days=days)
@@ -96,8 +101,11 @@ def simulate_production(settings: Settings, days: int = 2, tool_change: bool = T
             cmd += ["--change-at", (today - timedelta(days=1)).isoformat()]
         lines = stream(cmd, child_env(), "simulate")
     manifest = json.loads(next(line for line in reversed(lines) if line.startswith("{")))
+    if remote:
+        Mirror(settings.monitor.traces, out).push()
+        shutil.rmtree(out)
     return {
-        "traces": str(out),
+        "traces": str(settings.monitor.traces),
         "days": days,
         "tool_change": tool_change,
         **{k: v for k, v in manifest.items() if isinstance(v, (int, float, str))},

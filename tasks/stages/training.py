@@ -15,11 +15,10 @@ import logging
 import shlex
 import sys
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from pathlib import Path
-
     from tasks.config import Settings
     from tasks.rundir import RunDir
 
@@ -36,7 +35,6 @@ def resume_key(settings: Settings, rd: RunDir) -> str:
     settings of the model, environment, rollouts and GRPO. Two runs with one key train the same thing."""
     import hashlib
     import json
-    from pathlib import Path
 
     from tasks.envs.toolset import toolset_label
 
@@ -72,6 +70,8 @@ def adopt_checkpoints(settings: Settings, rd: RunDir) -> dict | None:
     rd.write({"key": key}, "grpo", "resume_key.json")
     if latest_checkpoint(grpo / "checkpoints") is not None:
         return None  # this run's own (a retried task): the job resumes from it
+    if rd.remote:
+        _pull_failed_trainings(rd, key)
     candidates: list[tuple[int, float, Path]] = []
     for other in rd.path.parent.glob("*/grpo/resume_key.json"):
         run = other.parent.parent
@@ -99,6 +99,27 @@ def adopt_checkpoints(settings: Settings, rd: RunDir) -> dict | None:
         step,
     )
     return {"run": run.name, "step": step}
+
+
+def _pull_failed_trainings(rd: RunDir, key: str) -> None:
+    """A run kept on S3: the GRPO directories of this DAG's other runs whose training stopped with the same
+    resume_key, pulled beside this run's copy, where adopt_checkpoints looks for them."""
+    from tasks.mirror import Mirror, children
+
+    dag_uri = rd.uri.rsplit("/", 1)[0]
+    for name in children(dag_uri):
+        if name == rd.path.name:
+            continue
+        mirror = Mirror(f"{dag_uri}/{name}/grpo", rd.path.parent / name / "grpo")
+        mirror.pull(prefixes=("resume_key.json", "model/config.json"))
+        marker = mirror.local / "resume_key.json"
+        if not marker.exists() or (mirror.local / "model" / "config.json").exists():
+            continue  # no training there, or one that finished
+        try:
+            if json.loads(marker.read_text()).get("key") == key:
+                mirror.pull(prefixes=RESUMED_FILES)
+        except ValueError:
+            continue
 
 
 def grpo_command(settings: Settings, rd: RunDir, fail_training_at_step: int | None = None) -> dict:
@@ -132,12 +153,12 @@ def grpo_command(settings: Settings, rd: RunDir, fail_training_at_step: int | No
         "-m",
         "tasks",
         "--settings",
-        str(settings_file),
+        rd.uri_of(settings_file),  # s3:// where the run is kept there: the driver pulls its own copy
         "train",
         "--init",
-        str(champ),
+        rd.uri_of(champ),
         "--run-dir",
-        str(rd.path / "grpo"),
+        rd.uri_of(rd.path / "grpo"),
         "--engines",
         engine_namespace(rd),
     ]

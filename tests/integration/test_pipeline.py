@@ -2,7 +2,9 @@
 simulated production, the monitor's check, signals, a local Ray head, probes, the GRPO job, evals, cost,
 gate, model registry, summary), run as a user runs it, against an MLflow server whose tracking URI carries
 credentials: none of them may appear in the output, the run's files, or what MLflow keeps (params, tags,
-artifacts)."""
+artifacts). The run is kept on S3 (`run_dir: s3://...`) and its stages take turns on two scratch
+directories that share nothing, as tasks on two machines do (tasks.stages.demo.Workers): the run's
+files are checked in a third copy pulled from the bucket."""
 
 from __future__ import annotations
 
@@ -39,9 +41,12 @@ def test_the_command_line_demo_runs_the_stages_and_writes_their_artifacts(settin
 
     secret = f"grep-me-{secrets.token_hex(8)}"
     tag = secrets.token_hex(4)  # the session's MLflow server is shared: this run's own experiment and model
+    runs_bucket = f"evergreen-runs-{tag}"
+    s3.create_bucket(Bucket=runs_bucket)
     s = settings.model_copy(
         update={
-            "run_dir": tmp_path / "demo",
+            "run_dir": f"s3://{runs_bucket}/demo",
+            "scratch_dir": tmp_path / "scratch",
             "tracking": settings.tracking.model_copy(
                 update={
                     "uri": mlflow_server.uri.replace("http://", f"http://evergreen:{secret}@"),
@@ -70,8 +75,16 @@ def test_the_command_line_demo_runs_the_stages_and_writes_their_artifacts(settin
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = proc.stdout
-    runs = list((tmp_path / "demo" / "continuous_post_training").glob("*/summary.json"))
+    from tasks.mirror import Mirror
+
+    # what the bucket holds is the run: a third copy, pulled, checksums checked object by object
+    objects = [o for p in s3.get_paginator("list_objects_v2").paginate(Bucket=runs_bucket) for o in p["Contents"]]
+    assert all(s3.head_object(Bucket=runs_bucket, Key=o["Key"])["Metadata"].get("sha256") for o in objects)
+    Mirror(f"s3://{runs_bucket}/demo/continuous_post_training", tmp_path / "demo").pull()
+    runs = list((tmp_path / "demo").glob("*/summary.json"))
     assert len(runs) == 1
+    workers = [tmp_path / "scratch" / f"worker-{i}" / "continuous_post_training" / runs[0].parent.name for i in (0, 1)]
+    assert all((w / ".mirror.json").exists() for w in workers), "both workers ran stages of the run"
     summary = RunSummary.model_validate_json(runs[0].read_text())
     assert summary.status in ("promoted", "not_promoted") and summary.trigger["kind"] == "cli"
     assert summary.trigger["asset_events"][0]["extra"]["retrain"], "the monitor's check asked for retraining"
@@ -127,6 +140,6 @@ def test_the_command_line_demo_runs_the_stages_and_writes_their_artifacts(settin
     texts |= {f"{r.info.run_id} params/tags": json.dumps([r.data.params, r.data.tags]) for r in runs}
     for credential in (secret, s3.secret_for_tests):
         assert (
-            _leaks(credential, texts, [tmp_path / "demo", mlflow_server.log_path.parent], s3, ["mlflow-artifacts"])
+            _leaks(credential, texts, [tmp_path, mlflow_server.log_path.parent], s3, ["mlflow-artifacts", runs_bucket])
             == []
         ), credential

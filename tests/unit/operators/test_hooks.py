@@ -242,7 +242,7 @@ def test_setup_writes_cluster_json_and_teardown_leaves_an_existing_cluster(monke
         ray=SimpleNamespace(backend="address", address="10.0.0.5:6379", dashboard_url="http://10.0.0.5:8265")
     )
     written = {}
-    rd = SimpleNamespace(write=lambda obj, *parts: written.setdefault("/".join(parts), obj))
+    rd = SimpleNamespace(write=lambda obj, *parts: written.setdefault("/".join(parts), obj), push=dict)
     monkeypatch.setattr(stages, "settings_for", lambda params: settings)
     monkeypatch.setattr(stages, "run_dir_of", lambda context, s: rd)
     monkeypatch.setattr(stages, "record_task_time", lambda context, rd, started: None)
