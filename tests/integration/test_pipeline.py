@@ -140,6 +140,12 @@ def test_the_command_line_demo_runs_the_stages_and_writes_their_artifacts(settin
     texts |= {f"{r.info.run_id} params/tags": json.dumps([r.data.params, r.data.tags]) for r in runs}
     for credential in (secret, s3.secret_for_tests):
         assert (
-            _leaks(credential, texts, [tmp_path, mlflow_server.log_path.parent], s3, ["mlflow-artifacts", runs_bucket])
+            _leaks(
+                credential,
+                texts,
+                [tmp_path / "demo", tmp_path / "scratch", mlflow_server.log_path.parent],
+                s3,
+                ["mlflow-artifacts", runs_bucket],
+            )
             == []
         ), credential
