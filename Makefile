@@ -3,6 +3,7 @@
 # make lint  - ruff (lint and format check) and mypy on tasks/: what `make test` runs first
 # make format - ruff's fixes and formatter over the tree
 # make up    - start the local stack (Airflow UI 127.0.0.1:8080, MLflow 127.0.0.1:5000) and keep it running
+# make up STACK=prod - the same on Postgres, Celery (Redis broker, two workers) and an S3 run dir (moto)
 PY ?= python3.11
 VENV := .venv
 STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-test.txt 2>/dev/null | sha1sum | cut -c1-12)
@@ -11,7 +12,7 @@ export RAY_TRAIN_V2_ENABLED := 1
 export RAY_USAGE_STATS_ENABLED := 0
 export PYTHONWARNINGS := ignore::FutureWarning,ignore::DeprecationWarning
 
-.PHONY: venv chromium lint format test test-unit demo demo-cli serve up down bench clean
+.PHONY: venv chromium redis lint format test test-unit demo demo-cli serve up down bench clean
 
 venv: $(STAMP)
 
@@ -24,6 +25,12 @@ $(STAMP): requirements.txt requirements-test.txt
 	$(VENV)/bin/python -c "import torch, vllm, ray, transformers; print('venv ok: torch', torch.__version__, 'vllm', vllm.__version__, 'ray', ray.__version__)"
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
+
+# the production-shaped stack's Celery broker (make up STACK=prod and its e2e tests)
+redis:
+	@command -v redis-server >/dev/null || { echo "installing Debian redis-server for the prod stack"; \
+	  (apt-get update -qq && apt-get install -y -qq redis-server >/dev/null) || \
+	  { echo "could not install redis-server: run 'apt-get install redis-server' as root"; exit 1; }; }
 
 # the browser test drives Debian's Chromium through Playwright (never a downloaded browser)
 chromium:
@@ -41,7 +48,7 @@ format: venv
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
 
-test: venv lint chromium
+test: venv lint chromium redis
 	$(VENV)/bin/python -m pytest -q --durations=30 tests
 
 test-unit: venv
@@ -58,8 +65,8 @@ demo-cli: venv
 serve: venv
 	$(VENV)/bin/python -m tasks serve --port $(or $(PORT),8000)
 
-up: venv
-	$(VENV)/bin/python scripts/stack.py up
+up: venv $(if $(filter prod,$(STACK)),redis)
+	$(VENV)/bin/python scripts/stack.py up --kind $(or $(STACK),local)
 
 down:
 	$(VENV)/bin/python scripts/stack.py down

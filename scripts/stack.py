@@ -48,6 +48,11 @@ class Stack:
     ray_head_port: int = 6390
     ray_dashboard_port: int = 8265
     env_extra: dict = field(default_factory=dict)  # EVERGREEN_* settings for every task of this stack
+    kind: str = "local"  # local: LocalExecutor, SQLite, a local run dir; prod: see scripts/services.py
+    pg_port: int = 5442
+    redis_port: int = 6389
+    s3_port: int = 9010
+    workers: int = 2  # Celery workers of a prod stack, each with its own scratch dir
     procs: dict = field(default_factory=dict)
     commands: dict = field(default_factory=dict)  # name -> (command, extra env): what restart() runs again
 
@@ -65,7 +70,15 @@ class Stack:
 
     @property
     def runs_root(self) -> Path:
-        return Path(self.env()["EVERGREEN_RUN_DIR"])
+        """The runs as files: a local run dir itself; a run dir on S3 pulled into <home>/runs-view first."""
+        where = self.env()["EVERGREEN_RUN_DIR"]
+        if not where.startswith("s3://"):
+            return Path(where)
+        from tasks.mirror import Mirror
+
+        os.environ.update({k: v for k, v in self.env().items() if k.startswith(("AWS_", "EVERGREEN_S3"))})
+        Mirror(where, self.home / "runs-view").pull()
+        return self.home / "runs-view"
 
     def env(self) -> dict:
         venv_bin = str(Path(sys.executable).parent)
@@ -107,8 +120,14 @@ class Stack:
             # every process of this stack inherits it, including the ones that leave its process groups
             "EVERGREEN_STACK": str(self.home),
         }
+        env.update(self._prod)
         env.update({k: str(v) for k, v in self.env_extra.items()})
         return env
+
+    @property
+    def _prod(self) -> dict:
+        path = self.home / "prod_env.json"  # written by start(): a later `down` or `runs_root` reads it
+        return json.loads(path.read_text()) if self.kind == "prod" and path.exists() else {}
 
     @property
     def username(self) -> str:
@@ -166,7 +185,10 @@ class Stack:
         raise TimeoutError(f"{name} not answering {url} after {timeout}s; see {self.home / 'logs' / (name + '.log')}")
 
     def start(self, progress=print) -> Stack:
-        for port, what in ((self.api_port, "Airflow api-server"), (self.mlflow_port, "MLflow")):
+        ports = [(self.api_port, "Airflow api-server"), (self.mlflow_port, "MLflow")]
+        if self.kind == "prod":
+            ports += [(self.pg_port, "Postgres"), (self.redis_port, "Redis"), (self.s3_port, "S3 (moto)")]
+        for port, what in ports:
             if port_busy(port):
                 raise RuntimeError(
                     f"port {port} for {what} is taken: stop whatever listens there "
@@ -178,6 +200,16 @@ class Stack:
         (self.home / "events").mkdir(exist_ok=True)  # drop a file named retrain_request here (operators/assets.py)
         t0 = time.time()
         bin_dir = Path(sys.executable).parent
+        artifacts = str(self.home / "mlflow" / "artifacts")
+        if self.kind == "prod":
+            from scripts import services
+
+            sql, broker, s3_url = services.start_postgres(self), services.start_redis(self), services.start_s3(self)
+            fd = os.open(self.home / "prod_env.json", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                json.dump(services.prod_env(self, sql, broker, s3_url), f)
+            artifacts = f"s3://{services.ARTIFACTS_BUCKET}/"
+            progress(f"Postgres :{self.pg_port}, Redis :{self.redis_port}, S3 (moto) {s3_url} up")
         self._spawn(
             "mlflow",
             [
@@ -192,7 +224,7 @@ class Stack:
                 "--backend-store-uri",
                 f"sqlite:///{self.home / 'mlflow' / 'mlflow.db'}",
                 "--artifacts-destination",
-                str(self.home / "mlflow" / "artifacts"),
+                artifacts,
             ],
             env=MLFLOW_SERVER_ENV,
         )
@@ -228,6 +260,16 @@ class Stack:
                 # task logs and the triggerer's are files the api-server reads here
                 cmd += ["--skip-serve-logs"]
             self._spawn(component, cmd)
+        if self.kind == "prod":
+            for i in range(self.workers):
+                name = f"worker-{'abcdefgh'[i]}"
+                # its own scratch dir and identity, as on its own machine; serve-logs: the log files are the
+                # api-server's to read here
+                self._spawn(
+                    name,
+                    [str(bin_dir / "airflow"), "celery", "worker", "-H", f"{name}@%h", "-c", "2", "--skip-serve-logs"],
+                    env={"EVERGREEN_SCRATCH_DIR": str(self.home / "scratch" / name), "EVERGREEN_WORKER_NAME": name},
+                )
         self._wait_http("mlflow", f"{self.mlflow_url}/health", 120)
         self._wait_http("api-server", f"{self.api_url}/api/v2/monitor/health", 180)
         progress(
@@ -317,12 +359,26 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("command", choices=["up", "down"])
     parser.add_argument("--home", default=str(PROJECT / ".stack"))
+    parser.add_argument(
+        "--kind",
+        choices=["local", "prod"],
+        default="local",
+        help="local: LocalExecutor on SQLite, runs on disk (make up); prod: Postgres, Celery on Redis, two "
+        "workers, runs on S3 (make up STACK=prod)",
+    )
     args = parser.parse_args(argv)
-    stack = Stack(home=Path(args.home))
+    stack = Stack(home=Path(args.home), kind=args.kind)
     if args.command == "down":
         stack.stop()
         return 0
-    stack.start()
+    from scripts.services import ServiceError
+
+    try:
+        stack.start()
+    except (ServiceError, RuntimeError) as e:
+        stack.stop(progress=lambda _: None)
+        print(f"stack not started: {e}", file=sys.stderr)
+        return 1
     client = stack.client()
     client.wait_for_dags(["continuous_post_training", "drift_monitor", "bootstrap_champion", "rollback"])
     for dag_id in (
