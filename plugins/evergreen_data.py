@@ -91,12 +91,18 @@ def text_summary(summary: Any) -> str:
 
 
 def runs_root() -> Path:
-    """$EVERGREEN_RUN_DIR, else tasks.config's run_dir; resolved the way tasks.rundir.RunDir resolves it."""
-    env = os.environ.get("EVERGREEN_RUN_DIR")
-    if env:
-        p = Path(env)
-        return (p if p.is_absolute() else PROJECT_ROOT / p).resolve()
-    return Path(_tasks_module("tasks.config").load_settings().run_dir).resolve()
+    """$EVERGREEN_RUN_DIR, else tasks.config's run_dir; resolved the way tasks.rundir.RunDir resolves it. A
+    run_dir on S3: the runs' summaries pulled into <scratch_dir>/page (only the summaries: tasks.mirror)."""
+    where = os.environ.get("EVERGREEN_RUN_DIR") or str(_tasks_module("tasks.config").load_settings().run_dir)
+    if where.startswith("s3://"):
+        settings = _tasks_module("tasks.config").load_settings()
+        view = settings.scratch_dir / "page"
+        _tasks_module("tasks.mirror").Mirror(f"{where.rstrip('/')}/{DAG_ID}", view / DAG_ID).pull(
+            suffixes=("/summary.json",)
+        )
+        return view
+    p = Path(where)
+    return (p if p.is_absolute() else PROJECT_ROOT / p).resolve()
 
 
 def parse_ts(value: Any) -> float | None:

@@ -180,5 +180,7 @@ def prod_env(stack: Stack, sql: str, broker: str, s3_url: str) -> dict[str, str]
         "EVERGREEN_S3_ENDPOINT_URL": s3_url,
         "MLFLOW_S3_ENDPOINT_URL": s3_url,
         "EVERGREEN_RUN_DIR": f"s3://{RUNS_BUCKET}/runs",
+        # the services' own working copies (the Evergreen page's summaries); each worker has its own
+        "EVERGREEN_SCRATCH_DIR": str(stack.home / "scratch" / "services"),
         "EVERGREEN_MONITOR__TRACES": f"s3://{RUNS_BUCKET}/production/traces",
     }

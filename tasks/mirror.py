@@ -94,6 +94,13 @@ def upload(local: Path, uri: str, sha256: str) -> str:
     return str(storage.s3_client().head_object(Bucket=bucket, Key=key)["ETag"])
 
 
+def _stat(path: Path) -> list[int]:
+    """Size and modification time: a file whose stat is as recorded is not read again (a rewrite changes both
+    or at least the mtime)."""
+    st = path.stat()
+    return [st.st_size, st.st_mtime_ns]
+
+
 class Mirror:
     """A local copy of the prefix `uri` at `local` (see the module docstring)."""
 
@@ -117,14 +124,19 @@ class Mirror:
             if p.is_file() and not any(part.startswith(".") for part in p.relative_to(self.local).parts)
         }
 
-    def pull(self, prefixes: tuple[str, ...] = ()) -> dict[str, int]:
-        """Make the local copy what the prefix holds (only keys under `prefixes`, when given): download what
-        changed, delete the synced local files the prefix no longer has. Returns counts (downloaded, kept, deleted)."""
+    def pull(self, prefixes: tuple[str, ...] = (), suffixes: tuple[str, ...] = ()) -> dict[str, int]:
+        """Make the local copy what the prefix holds (only keys under `prefixes` / ending in `suffixes`, when
+        given): download what changed, delete the synced local files the prefix no longer has. Returns counts
+        (downloaded, kept, deleted)."""
         if not self.remote:
             return {}
         started = time.monotonic()
         self.local.mkdir(parents=True, exist_ok=True)
-        objects = {k: e for k, e in remote_objects(self.uri).items() if not prefixes or k.startswith(prefixes)}
+        objects = {
+            k: e
+            for k, e in remote_objects(self.uri).items()
+            if (not prefixes or k.startswith(prefixes)) and (not suffixes or k.endswith(suffixes))
+        }
         record, files = self._record(), self._local_files()
         got = kept = 0
         for key, etag in sorted(objects.items()):
@@ -132,18 +144,29 @@ class Mirror:
                 continue
             target = storage.inside_dir(self.local, key, what=f"object {self.uri}/{key}")
             if key in files:
-                sha, known = storage.sha256_file(target), record.get(key)
-                # unchanged since this copy's last sync, or the same bytes another copy left here (one HEAD)
+                known, stat = record.get(key), _stat(target)
+                if known and known["etag"] == etag and known.get("stat") == stat:
+                    kept += 1  # neither side changed since this copy's last sync: not even hashed again
+                    continue
+                sha = storage.sha256_file(target)
+                # unchanged bytes, or the same bytes another copy left here (one HEAD)
                 if (known and known["etag"] == etag and known["sha256"] == sha) or self._object_sha(key) == sha:
-                    record[key] = {"sha256": sha, "etag": etag}
+                    record[key] = {"sha256": sha, "etag": etag, "stat": stat}
                     kept += 1
                     continue
             sha, etag = download(f"{self.uri}/{key}", target)
-            record[key] = {"sha256": sha, "etag": etag}
+            record[key] = {"sha256": sha, "etag": etag, "stat": _stat(target)}
             got += 1
         # a file the prefix no longer has, that this copy had synced: removed by another task. A file never
         # synced is a task's output on its way up (mapped tasks share a worker's copy): left alone
-        gone = [k for k in files if k not in objects and k in record and (not prefixes or k.startswith(prefixes))]
+        gone = [
+            k
+            for k in files
+            if k not in objects
+            and k in record
+            and (not prefixes or k.startswith(prefixes))
+            and (not suffixes or k.endswith(suffixes))
+        ]
         for key in gone:
             files[key].unlink()
             record.pop(key, None)
@@ -165,11 +188,14 @@ class Mirror:
         record, files = self._record(), self._local_files()
         sent = 0
         for key, path in sorted(files.items()):
+            known, stat = record.get(key, {}), _stat(path)
+            if known.get("stat") == stat:
+                continue  # not touched since its last sync
             sha = storage.sha256_file(path)
-            if record.get(key, {}).get("sha256") == sha:
-                continue
-            record[key] = {"sha256": sha, "etag": upload(path, f"{self.uri}/{key}", sha)}
-            sent += 1
+            if known.get("sha256") != sha:
+                known = {"sha256": sha, "etag": upload(path, f"{self.uri}/{key}", sha)}
+                sent += 1
+            record[key] = {**known, "stat": stat}
         gone = [k for k in record if k not in files]
         for key in gone:
             bucket, name = storage.split_s3(f"{self.uri}/{key}")

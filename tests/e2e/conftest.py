@@ -1,5 +1,8 @@
 """One real local stack for the end-to-end tests (scripts/stack.py on free ports, its own home), started
-once per test run, with tiny budgets and a non-inferiority gate so that a minutes-long run promotes.
+once per test run, with tiny budgets and a non-inferiority gate so that a minutes-long run promotes. It is
+the production-shaped stack (`make up STACK=prod`): Airflow on Postgres, the CeleryExecutor on Redis with two
+workers that share no scratch directory, runs and MLflow artifacts on an S3 endpoint; `.runs_root` is a copy
+pulled from the bucket.
 
 Fixtures:
 - `airflow_stack`: the running Stack (`.api_url`, `.username`, `.password`, `.runs_root`, `.client()`)
@@ -71,12 +74,18 @@ def tool_server(tmp_path_factory):
 def airflow_stack(tmp_path_factory, tool_server):
     home = tmp_path_factory.mktemp("stack")
     watch = {"EVERGREEN_TOOL_SOURCE": f"mcp:{tool_server.url}", "EVERGREEN_TOOL_POLL_S": "20"}
+    # the production shape (make up STACK=prod): Postgres, Celery with two workers, runs on S3; `make demo` and
+    # tests/dags keep the LocalExecutor on SQLite and a local run dir
     stack = Stack(
         home=home,
+        kind="prod",
         api_port=free_port(),
         mlflow_port=free_port(),
         ray_head_port=free_port(),
         ray_dashboard_port=free_port(),
+        pg_port=free_port(),
+        redis_port=free_port(),
+        s3_port=free_port(),
         env_extra={**TINY, **watch},
     )
     stack.start()

@@ -197,3 +197,18 @@ def test_dockerignore_keeps_local_state_out():
     assert {".venv", "runs", ".git", ".stack", "test-artifacts"} <= patterns
     for needed in (*SOURCE_FOLDERS, "requirements.txt", "requirements-gpu.txt"):
         assert needed not in patterns
+
+
+def test_helm_values_keep_runs_and_task_logs_on_s3():
+    """One pod per task shares no disk: the runs live on S3 (each task works in its pod's scratch dir) and the
+    task logs go to S3 before the pod is deleted; the settings load with them (an MLflow server is set)."""
+    from tasks.config import load_settings
+
+    values = _load("helm/values.yaml")
+    env = _env(values)
+    assert env["EVERGREEN_RUN_DIR"].startswith("s3://") and env["EVERGREEN_SCRATCH_DIR"].startswith("/")
+    settings = load_settings(environ={k: v for k, v in env.items() if k.startswith("EVERGREEN_")})
+    assert settings.run_dir == env["EVERGREEN_RUN_DIR"] and settings.tracking.uri
+    logging = values["config"]["logging"]
+    assert logging["remote_logging"] == "True" and logging["remote_base_log_folder"].startswith("s3://")
+    assert "AIRFLOW_CONN_" + logging["remote_log_conn_id"].upper() in {s["envName"] for s in values["secret"]}
