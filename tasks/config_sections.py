@@ -159,6 +159,11 @@ class RolloutSettings(_Section):
     backend: Literal["vllm", "hf"] = Field("vllm", description="generation backend of the rollout workers")
     num_workers: int = Field(2, ge=1, description="rollout actors on Ray, each with its own engine")
     cpus_per_worker: float = Field(0.5, gt=0, description="Ray CPUs each rollout actor holds")
+    node_resource: str | None = Field(
+        None,
+        description="a custom Ray resource each rollout actor holds one of: the actors go to the nodes started "
+        "with it (`ray start --resources`, ray.worker_nodes); None: any node",
+    )
     gpus_per_worker: float = Field(
         0.0,
         ge=0,
@@ -296,6 +301,11 @@ class GRPOSettings(_Section):
         "toolset validation score a checkpoint may fall and still be chosen",
     )
     num_train_workers: int = Field(1, ge=1, description="Ray Train workers (DDP: gloo on CPU, NCCL on GPUs)")
+    node_resource: str | None = Field(
+        None,
+        description="a custom Ray resource each training worker holds one of: training goes to the nodes "
+        "started with it, apart from the rollout nodes; None: any node",
+    )
     gpus_per_train_worker: float = Field(
         0.0,
         ge=0,

@@ -108,7 +108,7 @@ class Mirror:
         self.uri, self.local = str(uri).rstrip("/"), Path(local).resolve()
         self.remote = storage.is_s3(self.uri)
 
-    def _record(self) -> dict[str, dict[str, str]]:
+    def _record(self) -> dict[str, dict[str, Any]]:
         path = self.local / RECORD
         return json.loads(path.read_text()) if path.exists() else {}
 

@@ -94,6 +94,7 @@ class RolloutWorker:
     def info(self) -> dict:
         return {
             "pid": os.getpid(),
+            "node_id": ray.get_runtime_context().get_node_id(),  # which machine (raylet) holds it
             "policy_version": self.policy_version,
             "backend": self.backend.name,
             "build_seconds": self.build_seconds,
@@ -200,6 +201,8 @@ def start_rollout_actors(
 
     def options(i: int) -> dict[str, Any]:
         opts: dict[str, Any] = {"runtime_env": {"env_vars": env_vars}}
+        if r.node_resource:  # only the nodes that offer it (rollout nodes of a multi-node cluster)
+            opts["resources"] = {r.node_resource: 1}
         if namespace:
             opts |= {"name": f"rollout-{i}", "namespace": namespace, "lifetime": "detached", "get_if_exists": True}
         return opts

@@ -364,7 +364,11 @@ def run_grpo(
         scaling_config=ScalingConfig(
             num_workers=g.num_train_workers,
             use_gpu=on_gpu,
-            resources_per_worker={"CPU": 1, **({"GPU": g.gpus_per_train_worker} if on_gpu else {})},
+            resources_per_worker={
+                "CPU": 1,
+                **({"GPU": g.gpus_per_train_worker} if on_gpu else {}),
+                **({g.node_resource: 1} if g.node_resource else {}),  # the training nodes, apart from rollouts
+            },
         ),
         run_config=RunConfig(
             name=run_name,

@@ -82,7 +82,7 @@ def head_kill_drill(stack, run_id: str, timeout: float = 1200) -> dict:
             restarted = time.time()
             for service in ("scheduler", "triggerer"):
                 stack.restart(service)
-        where = where or run_dir(stack, run_id)
+        where = run_dir(stack, run_id) or where  # each call pulls what the run's tasks pushed since (S3)
         if head is None and where and (checkpoint := latest_checkpoint(where / "grpo" / "checkpoints")) is not None:
             head = (checkpoint.name, kill_head(run_id), time.time())
         time.sleep(0.5)

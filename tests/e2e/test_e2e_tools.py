@@ -36,9 +36,10 @@ def test_a_breaking_change_of_the_served_tools_starts_a_run_that_trains_for_them
     assert run is not None, "no continuous_post_training run within 300 s of the tool change"
     assert run["run_type"] == "asset_triggered"
 
-    run_dir, decision, opened, pinned = airflow_stack.runs_root / DAG, None, None, None
+    decision, opened, pinned = None, None, None
     while decision is None and time.time() < deadline + 300:  # the run's directory: run.json names its run id
-        for path in run_dir.glob("*/run.json"):
+        # runs_root pulls the runs from the stack's bucket again: what the run's tasks pushed since
+        for path in (airflow_stack.runs_root / DAG).glob("*/run.json"):
             info = json.loads(path.read_text())
             if info["run_id"] == run["dag_run_id"]:
                 opened = info
