@@ -121,13 +121,6 @@ class TrackingSettings(_Section):
     experiment: str = Field("evergreen", description="MLflow experiment of the pipeline runs")
 
 
-class WorkerNode(_Section):
-    num_cpus: int = Field(1, ge=0, description="logical CPUs the node offers")
-    resources: dict[str, float] = Field(
-        default_factory=dict, description="custom resources it offers (rollout.node_resource, grpo.node_resource)"
-    )
-
-
 class RaySettings(_Section):
     address: str | None = Field(
         None,
@@ -150,11 +143,6 @@ class RaySettings(_Section):
     kuberay_namespace: str = Field("evergreen", description="namespace of the RayClusters the DAG creates")
     kuberay_image: str | None = Field(None, description="image for every Ray container (None: the manifest's)")
     job_timeout_s: int = Field(7200, ge=60, description="a Ray job (GRPO) that runs longer is stopped and fails")
-    worker_nodes: list[WorkerNode] = Field(
-        default_factory=list,
-        description="worker nodes a `local` head starts beside it, each its own raylet with its own resources "
-        "(what `ray start --address` does on other machines), e.g. [{num_cpus: 2, resources: {rollout: 2}}]",
-    )
 
     @model_validator(mode="after")
     def _backend_needs(self) -> RaySettings:

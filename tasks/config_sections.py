@@ -162,7 +162,7 @@ class RolloutSettings(_Section):
     node_resource: str | None = Field(
         None,
         description="a custom Ray resource each rollout actor holds one of: the actors go to the nodes started "
-        "with it (`ray start --resources`, ray.worker_nodes); None: any node",
+        "with it (`ray start --resources`, a KubeRay group's rayStartParams); None: any node",
     )
     gpus_per_worker: float = Field(
         0.0,

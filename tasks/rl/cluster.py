@@ -11,7 +11,6 @@ through its own processes: those whose command line names its temp dir.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import secrets
@@ -132,7 +131,6 @@ def start_local_head(
     num_cpus: int | None = None,
     dashboard_port: int | None = 8265,
     timeout: float = 60.0,
-    resources: dict[str, float] | None = None,
 ) -> LocalHead:
     """`ray start --head` bound to 127.0.0.1 with its own temp dir; returns once it accepts drivers."""
     temp_dir = str(Path(temp_dir).resolve())
@@ -171,8 +169,6 @@ def start_local_head(
         f"--num-cpus={num_cpus or os.cpu_count()}",
         "--disable-usage-stats",
     ]
-    if resources:  # custom resources that place work on it (e.g. the trainer of a multi-node cluster)
-        cmd.append(f"--resources={json.dumps(resources)}")
     if dashboard_port:
         # the job agent's default port (52365) is one per machine: a second head with a dashboard would have no
         # job agent, and every job submitted to it fails with "No available agent to submit job"
@@ -193,33 +189,6 @@ def start_local_head(
     )
     log.info("local Ray head up at %s in %.1fs (temp dir %s)", head.address, time.time() - t0, temp_dir)
     return head
-
-
-def start_worker_node(
-    head: LocalHead, num_cpus: int, resources: dict[str, float] | None = None, timeout: float = 60.0
-) -> int:
-    """`ray start --address` on this machine: a raylet of its own with `num_cpus` and custom `resources`, as a
-    node on another machine joins (its processes live under the head's temp dir: teardown ends them too).
-    Returns its node-manager port, which names its raylet (`--node_manager_port=<port>` on its command line)."""
-    port = free_port()
-    ray_bin = shutil.which("ray", path=str(Path(sys.executable).parent)) or "ray"
-    cmd = [
-        ray_bin,
-        "start",
-        f"--address={head.address}",
-        "--node-ip-address=127.0.0.1",
-        f"--node-manager-port={port}",
-        f"--num-cpus={num_cpus}",
-        f"--resources={json.dumps(resources or {})}",
-        "--disable-usage-stats",
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=os.environ | head.env)
-    if proc.returncode != 0:
-        raise RuntimeError(f"`{' '.join(cmd)}` failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
-    log.info(
-        "Ray worker node joined %s: %d CPUs, resources %s (raylet port %d)", head.address, num_cpus, resources, port
-    )
-    return port
 
 
 def loopback_driver(address: str | None) -> None:
@@ -307,8 +276,6 @@ def setup_local_cluster(settings: Settings, run_key: str, num_cpus: int | None =
         dashboard_port=settings.ray.dashboard_port,
     )
     log.info("Ray head %s up; dashboard %s; temp dir %s", head.address, head.dashboard_url, temp_dir)
-    for node in settings.ray.worker_nodes:
-        start_worker_node(head, node.num_cpus, node.resources)
     return {
         "backend": "local",
         "address": head.address,

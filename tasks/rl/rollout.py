@@ -319,6 +319,21 @@ class RolloutPool:
         if adapter is not None:
             self.sync_adapter(adapter, self.policy_version)
 
+    def _replace_dead(self, passes: int = 3) -> None:
+        """Replace every actor that is gone; again while a replacement itself died (placed on a node that was
+        already lost but not yet declared dead)."""
+        for _ in range(passes):
+            dead = []
+            for i, actor in enumerate(self.actors):
+                try:
+                    ray.get(actor.info.remote())  # every actor is idle between batches: answers at once or is gone
+                except ray.exceptions.RayActorError:
+                    dead.append(i)
+            for i in dead:
+                self._replace(i)
+            if not dead:
+                return
+
     def run_batch(
         self,
         tasks: list[Task],
@@ -357,7 +372,7 @@ class RolloutPool:
             )
         running: dict[Any, tuple[int, dict[str, Any]]] = {}  # object ref -> (worker index, shard)
         faults: Counter[str] = Counter()
-        pending, t0, tokens = list(shards), time.time(), 0
+        pending, t0, tokens, replaced = list(shards), time.time(), 0, False
         idle = list(range(len(self.actors)))
         while pending or running:
             while pending and idle:
@@ -377,8 +392,11 @@ class RolloutPool:
                 if shard["attempt"] >= max_attempts:
                     raise RuntimeError(f"shard {shard['shard_id']} failed {max_attempts} times; giving up") from None
                 self._replace(w)
+                replaced = True
                 idle.append(w)
                 pending.insert(0, shard)
+        if replaced:  # a lost node takes every actor it held: the idle ones are replaced now, not at their next use
+            self._replace_dead()
         expected = {(it["task_index"], it["rollout_index"], self.policy_version) for it in items}
         records = read_step(step_dir, expected)
         secs = time.time() - t0
