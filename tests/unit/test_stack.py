@@ -32,3 +32,37 @@ def test_stop_ends_the_stacks_strays_and_only_them(tmp_path):
         for proc in (stray, other):
             proc.kill()
             proc.wait()
+
+
+def test_the_prod_stack_names_a_service_that_cannot_start_and_how_to_start_it(tmp_path, monkeypatch):
+    import socket
+
+    import pytest
+
+    from scripts import services
+    from tasks.net import free_port
+
+    stack = Stack(home=tmp_path / "stack", kind="prod", api_port=free_port(), mlflow_port=free_port())
+    (stack.home / "logs").mkdir(parents=True)
+    monkeypatch.setattr(services.shutil, "which", lambda name: None)  # Redis not installed
+    with pytest.raises(services.ServiceError, match=r"redis-server not found: install it \(apt-get install"):
+        services.start_redis(stack)
+    with pytest.raises(services.ServiceError, match=r"initdb not found: install Postgres"):
+        services.start_postgres(stack)
+    # a port of the stack already taken: which service, and what to do, before anything starts
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        stack.pg_port = taken.getsockname()[1]
+        with pytest.raises(RuntimeError, match=rf"port {stack.pg_port} for Postgres is taken"):
+            stack.start(progress=lambda _: None)
+    assert not (stack.home / "pids").exists() or not list((stack.home / "pids").iterdir())
+
+
+def test_worker_name_is_the_workers_own(monkeypatch):
+    from operators.hostname import worker_name
+
+    monkeypatch.setenv("EVERGREEN_WORKER_NAME", "worker-b")
+    assert worker_name() == "worker-b"
+    monkeypatch.delenv("EVERGREEN_WORKER_NAME")
+    assert worker_name()  # the machine's name
