@@ -173,6 +173,9 @@ def prod_env(stack: Stack, sql: str, broker: str, s3_url: str) -> dict[str, str]
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": sql,
         "AIRFLOW__CELERY__BROKER_URL": broker,
         "AIRFLOW__CELERY__RESULT_BACKEND": "db+" + sql,
+        # a worker lost mid-task: its task instance stops heartbeating and is failed (then retried on another
+        # worker) after a minute, not the default five
+        "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "60",
         # a task's identity is the worker it ran on (core.hostname_callable): two workers on one machine
         "AIRFLOW__CORE__HOSTNAME_CALLABLE": "operators.hostname.worker_name",
         **S3_KEYS,

@@ -8,8 +8,9 @@ Fixtures:
 - `airflow_stack`: the running Stack (`.api_url`, `.username`, `.password`, `.runs_root`, `.client()`)
 - `head_killed_run`: a continuous_post_training run started by a REST asset event, its Ray head SIGKILLed
   after GRPO's first checkpoint (and the scheduler and triggerer killed and restarted on the way): what happened.
-- `finished_run`: the next run, started by another REST asset event, resumed from that checkpoint and finished;
-  the summary dict it wrote, with `airflow_state` (the DAG run's state), `dag_run_id` and `run_dir` (a Path).
+- `finished_run`: the next run, started by another REST asset event, resumed from that checkpoint and finished,
+  the Celery worker of its evaluate task SIGKILLed on the way; the summary dict it wrote, with `airflow_state`
+  (the DAG run's state), `dag_run_id`, `run_dir` (a Path) and `killed_worker`.
 - `tool_server`: the desk MCP server over HTTP that the stack's tool watch (EVERGREEN_TOOL_SOURCE) reads.
 """
 
@@ -130,8 +131,16 @@ def finished_run(airflow_stack, head_killed_run):
     client = airflow_stack.client()
     since = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
     client.post_asset_event("retrain_request", {"retrain": True, "summary": "e2e: REST asset event"})
-    run = client.wait_for_run("continuous_post_training", run_id=drills.next_run(client, since), timeout=1500)
+    # the Celery worker running its evaluate task is killed: the task is retried on the other worker
+    drill = drills.worker_kill_drill(airflow_stack, drills.next_run(client, since))
+    run = drill["run"]
     where = drills.run_dir(airflow_stack, run["dag_run_id"])
     assert where is not None and (where / "summary.json").exists(), f"no summary.json for {run['dag_run_id']}"
     summary = json.loads((where / "summary.json").read_text())
-    return {**summary, "airflow_state": run["state"], "dag_run_id": run["dag_run_id"], "run_dir": where}
+    return {
+        **summary,
+        "airflow_state": run["state"],
+        "dag_run_id": run["dag_run_id"],
+        "run_dir": where,
+        "killed_worker": drill["killed"],
+    }

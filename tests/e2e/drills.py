@@ -95,3 +95,25 @@ def head_kill_drill(stack, run_id: str, timeout: float = 1200) -> dict:
         "seen": seen,
         "ended_at": time.time(),
     }
+
+
+def worker_kill_drill(stack, run_id: str, task: str = "evaluate", timeout: float = 1500) -> dict:
+    """Watch the run: once `task` runs, SIGKILL the Celery worker running it (its process group: the worker,
+    its pool and the task's processes), as a lost machine would; start it again once the task's retry runs
+    elsewhere. Returns the killed worker's name and the run as it ended."""
+    client = stack.client()
+    killed, restarted, deadline = None, False, time.time() + timeout
+    path = f"/api/v2/dags/{DAG}/dagRuns/{run_id}"
+    while (run := client.get(path))["state"] not in ("success", "failed"):
+        assert time.time() < deadline, f"run {run_id} still {run['state']} after {timeout} s"
+        ti = next(t for t in client.get(f"{path}/taskInstances?limit=100")["task_instances"] if t["task_id"] == task)
+        if killed is None and ti["state"] == "running" and ti.get("hostname") in stack.procs:
+            killed = ti["hostname"]
+            stack.kill(killed)
+        elif killed and not restarted and ti["state"] == "running" and ti["try_number"] > 1:
+            stack.restart(killed)
+            restarted = True
+        time.sleep(0.5)
+    if killed and not restarted:
+        stack.restart(killed)
+    return {"killed": killed, "run": run}

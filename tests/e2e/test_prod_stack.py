@@ -1,7 +1,8 @@
 """The e2e stack is production-shaped (`make up STACK=prod`, scripts/services.py): Airflow on Postgres with the
 CeleryExecutor (Redis broker) and two Celery workers with separate scratch directories, the runs and MLflow's
 artifacts on an S3 endpoint (moto server). The REST asset event's run that the other e2e tests read (event →
-run → promoted → no Ray process left) ran its tasks on both workers: its stages exchanged files through S3 only.
+run → promoted → no Ray process left) ran its tasks on both workers: its stages exchanged files through S3 only,
+and the worker that ran its evaluate task was SIGKILLed: the task was retried on the other one.
 """
 
 from __future__ import annotations
@@ -44,5 +45,21 @@ def test_the_promoted_run_ran_on_two_celery_workers_and_kept_its_files_on_s3(air
     keys = [o["Key"] for p in pages for o in p.get("Contents", [])]
     assert any(k.endswith("grpo/model/model.safetensors") for k in keys), "the challenger is not on S3"
     assert any(k.endswith("summary.json") for k in keys)
-    # every object of the run carries the sha256 its readers check
-    assert all(s3.head_object(Bucket="evergreen-runs", Key=k)["Metadata"].get("sha256") for k in keys)
+    # every object of the run is whole: its bytes hash to the sha256 it was written with
+    import hashlib
+
+    for k in keys:
+        got = s3.get_object(Bucket="evergreen-runs", Key=k)
+        assert hashlib.sha256(got["Body"].read()).hexdigest() == got["Metadata"]["sha256"], k
+
+
+def test_a_task_whose_worker_died_is_retried_on_the_other_worker(airflow_stack, finished_run):
+    """The fixture SIGKILLed the Celery worker running the run's evaluate task (the worker, its pool, the
+    task's processes): the task stopped heartbeating, was failed after the stack's one-minute timeout and
+    retried on the other worker, and the run went on to promote (its files whole: the test above)."""
+    killed = finished_run["killed_worker"]
+    assert killed in ("worker-a", "worker-b"), killed
+    path = f"/api/v2/dags/continuous_post_training/dagRuns/{finished_run['dag_run_id']}/taskInstances/evaluate/tries"
+    tries = {t["try_number"]: t for t in airflow_stack.client().get(path)["task_instances"]}
+    assert tries[1]["hostname"] == killed and tries[1]["state"] == "failed", tries[1]
+    assert tries[2]["state"] == "success" and tries[2]["hostname"] not in ("", None, killed), tries[2]
