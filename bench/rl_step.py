@@ -49,7 +49,7 @@ def main() -> None:
     from tasks.policy.backends import HFBackend, Sampling
     from tasks.policy.model import build_model, load_model, save_model, state_dict_cpu
     from tasks.rl.records import episode_record
-    from tasks.rl.rollout import RolloutWorker
+    from tasks.rl.rollout_worker import RolloutWorker
     from tasks.rl.update import grpo_step
     from tasks.rl.weight_transfer import CollectiveWeightSync, LocalWorkerClient
 

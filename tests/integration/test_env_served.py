@@ -115,7 +115,7 @@ def test_rollouts_a_grpo_step_and_an_eval_through_the_served_tools(served_env, c
 
     from tasks.policy.model import load_model
     from tasks.rl.records import read_step
-    from tasks.rl.rollout import RolloutWorker
+    from tasks.rl.rollout_worker import RolloutWorker
     from tasks.rl.update import grpo_step
 
     model_dir, task = caller

@@ -86,7 +86,7 @@ def test_the_champion_is_a_standard_checkpoint_with_the_teams_template(champion)
 @pytest.mark.parametrize("backend", ["vllm", "hf"])
 def test_rollouts_on_vllm_and_hf_generate(champion, backend):
     from tasks.envs.desk import toolset_tasks
-    from tasks.rl.rollout import RolloutWorker
+    from tasks.rl.rollout_worker import RolloutWorker
 
     worker = RolloutWorker(
         str(champion), backend=backend, max_len=1024, kv_cache_mb=32, max_turns=2, max_tokens_per_turn=24
