@@ -57,7 +57,14 @@ def main(out: Path) -> dict:
     model_dir = save_model(model, tok, out / "model")
     cluster = Cluster(
         initialize_head=True,
-        head_node_args={"num_cpus": 1, "resources": {"train": 1}, "temp_dir": TEMP_DIR, "include_dashboard": False},
+        head_node_args={
+            "num_cpus": 1,
+            "resources": {"train": 1},
+            "temp_dir": TEMP_DIR,
+            "include_dashboard": False,
+            # a lost node declared dead in about 3 s rather than Ray's default of about 15 s
+            "_system_config": {"health_check_period_ms": 1000, "health_check_failure_threshold": 3},
+        },
     )
     workers = [cluster.add_node(num_cpus=1, resources={"rollout": 2}) for _ in range(2)]
     cluster.wait_for_nodes()
