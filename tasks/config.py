@@ -93,6 +93,10 @@ class Settings(_Section):
         object store (they are small; vLLM takes an adapter from a directory, not a broadcast)."""
         return self.rollout.collective_sync and self.grpo.lora is None
 
+    def run_uri(self, *parts: str) -> str:
+        """A path or s3:// URI below run_dir: where a file that every worker must see lives."""
+        return "/".join([str(self.run_dir).rstrip("/"), *parts])
+
     @property
     def local_root(self) -> Path:
         """Where this process works on runs: run_dir itself when it is local, else this worker's scratch_dir."""

@@ -35,24 +35,12 @@ RECORD = ".mirror.json"
 def remote_objects(uri: str) -> dict[str, str]:
     """{relative key: ETag} of every object under the prefix `uri` (a missing bucket or refused credentials
     raise FileNotFoundError / PermissionError naming the prefix)."""
-    from botocore.exceptions import NoCredentialsError
-
     bucket, key = storage.split_s3(uri)
     prefix = key.rstrip("/") + "/" if key else ""
     out: dict[str, str] = {}
-    try:
+    with storage.s3_errors(uri):
         for page in storage.s3_client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
             out |= {o["Key"][len(prefix) :]: o["ETag"] for o in page.get("Contents", [])}
-    except NoCredentialsError:
-        raise PermissionError(
-            f"{uri}: no S3 credentials: set AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or the Airflow "
-            "connection aws_default"
-        ) from None
-    except Exception as e:
-        mapped = storage.s3_error(e, uri)
-        if mapped is e:
-            raise
-        raise mapped from None
     return out
 
 
@@ -61,10 +49,10 @@ def children(uri: str) -> list[str]:
     bucket, key = storage.split_s3(uri)
     prefix = key.rstrip("/") + "/" if key else ""
     names: list[str] = []
-    for page in (
-        storage.s3_client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix, Delimiter="/")
-    ):
-        names += [p["Prefix"][len(prefix) :].rstrip("/") for p in page.get("CommonPrefixes", [])]
+    paginator = storage.s3_client().get_paginator("list_objects_v2")
+    with storage.s3_errors(uri):
+        for page in paginator.paginate(Bucket=bucket, Prefix=prefix, Delimiter="/"):
+            names += [p["Prefix"][len(prefix) :].rstrip("/") for p in page.get("CommonPrefixes", [])]
     return sorted(names)
 
 
@@ -77,12 +65,7 @@ def download(uri: str, local: Path) -> tuple[str, str]:
         for chunk in iter(lambda: response["Body"].read(1 << 20), b""):
             digest.update(chunk)
             f.write(chunk)
-        expected = response.get("Metadata", {}).get(storage.SHA256_META)
-        if expected and digest.hexdigest() != expected:  # raised inside the writer: the file is not replaced
-            raise storage.ChecksumError(
-                f"{uri}: sha256 {digest.hexdigest()[:12]}... differs from the {expected[:12]}... recorded at "
-                "write: the object changed or is corrupt"
-            )
+        storage.check_sha256(uri, digest.hexdigest(), response)  # inside the writer: a mismatch replaces nothing
     return digest.hexdigest(), response["ETag"]
 
 
@@ -132,11 +115,11 @@ class Mirror:
             return {}
         started = time.monotonic()
         self.local.mkdir(parents=True, exist_ok=True)
-        objects = {
-            k: e
-            for k, e in remote_objects(self.uri).items()
-            if (not prefixes or k.startswith(prefixes)) and (not suffixes or k.endswith(suffixes))
-        }
+
+        def wanted(key: str) -> bool:
+            return (not prefixes or key.startswith(prefixes)) and (not suffixes or key.endswith(suffixes))
+
+        objects = {k: e for k, e in remote_objects(self.uri).items() if wanted(k)}
         record, files = self._record(), self._local_files()
         got = kept = 0
         for key, etag in sorted(objects.items()):
@@ -159,14 +142,7 @@ class Mirror:
             got += 1
         # a file the prefix no longer has, that this copy had synced: removed by another task. A file never
         # synced is a task's output on its way up (mapped tasks share a worker's copy): left alone
-        gone = [
-            k
-            for k in files
-            if k not in objects
-            and k in record
-            and (not prefixes or k.startswith(prefixes))
-            and (not suffixes or k.endswith(suffixes))
-        ]
+        gone = [k for k in files if k not in objects and k in record and wanted(k)]
         for key in gone:
             files[key].unlink()
             record.pop(key, None)

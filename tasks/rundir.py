@@ -41,7 +41,7 @@ class RunDir:
         safe = re.sub(r"\.\.+", "_", re.sub(r"[^A-Za-z0-9_.-]+", "_", run_id)).strip("_.") or "run"
         path = settings.local_root / dag_id / safe
         path.mkdir(parents=True, exist_ok=True)
-        uri = f"{str(settings.run_dir).rstrip('/')}/{dag_id}/{safe}" if is_s3(settings.run_dir) else str(path)
+        uri = settings.run_uri(dag_id, safe) if is_s3(settings.run_dir) else str(path)
         return cls(path, dag_id, run_id, uri)
 
     @property
@@ -104,9 +104,9 @@ def working_copy(settings: Settings, uri: str) -> Path:
     that submitted it finds the files already there. A local `uri` is itself."""
     if not is_s3(uri):
         return Path(uri)
-    root = str(settings.run_dir).rstrip("/")
+    root = settings.run_uri()
     parts = uri[len(root) + 1 :].split("/") if uri.startswith(root + "/") else []
     if len(parts) < 2 or not all(parts):
         raise ValueError(f"{uri} is not inside a run under run_dir={root}: a job reads and writes its own run")
-    Mirror(f"{root}/{parts[0]}/{parts[1]}", settings.local_root / parts[0] / parts[1]).pull()
+    Mirror(settings.run_uri(*parts[:2]), settings.local_root.joinpath(*parts[:2])).pull()
     return settings.local_root.joinpath(*parts)

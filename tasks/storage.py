@@ -62,16 +62,10 @@ def list_files(uri: str | Path, suffixes: tuple[str, ...] = ()) -> list[str]:
     uri = str(uri)
     if is_s3(uri):
         bucket, key = split_s3(uri)
-        s3 = s3_client()
         out = []
-        try:
-            for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=key):
+        with s3_errors(uri):
+            for page in s3_client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=key):
                 out += [f"s3://{bucket}/{o['Key']}" for o in page.get("Contents", [])]
-        except Exception as e:  # botocore's ClientError: named by its code (see s3_error)
-            mapped = s3_error(e, uri)
-            if mapped is e:
-                raise
-            raise mapped from None
     else:
         path = Path(uri)
         if path.is_file():
@@ -98,6 +92,11 @@ def s3_error(error: Exception, uri: str) -> Exception:
     """What an S3 failure on `uri` is: FileNotFoundError for a missing key or bucket, PermissionError for
     refused credentials, else the error itself (throttling, 5xx, a dropped connection: botocore has retried
     them; a caller must not mistake them for "no data"). botocore's messages carry no credentials."""
+    if type(error).__name__ == "NoCredentialsError":  # botocore found none in its chain: nothing was sent
+        return PermissionError(
+            f"{uri}: no S3 credentials: set AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or the Airflow "
+            "connection aws_default"
+        )
     code = str((getattr(error, "response", None) or {}).get("Error", {}).get("Code", ""))
     if code in MISSING_CODES:
         return FileNotFoundError(f"{uri}: not found ({code})")
@@ -109,15 +108,23 @@ def s3_error(error: Exception, uri: str) -> Exception:
     return error
 
 
-def _get_object(uri: str) -> dict:
-    bucket, key = split_s3(uri)
+@contextlib.contextmanager
+def s3_errors(uri: str) -> Iterator[None]:
+    """S3 calls on `uri` inside raise what s3_error makes of their failures (the error itself where it maps
+    to nothing else)."""
     try:
-        return s3_client().get_object(Bucket=bucket, Key=key)
+        yield
     except Exception as e:
-        mapped = s3_error(e, f"s3://{bucket}/{key}")
+        mapped = s3_error(e, uri)
         if mapped is e:
             raise
         raise mapped from None
+
+
+def _get_object(uri: str) -> dict:
+    bucket, key = split_s3(uri)
+    with s3_errors(f"s3://{bucket}/{key}"):
+        return s3_client().get_object(Bucket=bucket, Key=key)
 
 
 def exists(uri: str | Path) -> bool:
@@ -127,15 +134,11 @@ def exists(uri: str | Path) -> bool:
         return Path(uri).exists()
     bucket, key = split_s3(uri)
     try:
-        s3_client().head_object(Bucket=bucket, Key=key)
+        with s3_errors(uri):
+            s3_client().head_object(Bucket=bucket, Key=key)
         return True
-    except Exception as e:
-        mapped = s3_error(e, uri)
-        if isinstance(mapped, FileNotFoundError):
-            return False
-        if mapped is e:
-            raise
-        raise mapped from None
+    except FileNotFoundError:
+        return False
 
 
 def open_binary(uri: str | Path) -> BinaryIO:
@@ -156,19 +159,24 @@ def open_binary(uri: str | Path) -> BinaryIO:
 SHA256_META = "sha256"  # S3 user metadata (x-amz-meta-sha256) written with every object
 
 
+def check_sha256(uri: str, actual: str, response: dict) -> None:
+    """Raise ChecksumError where a GET's bytes (their sha256: `actual`) differ from the sha256 the object was
+    written with (its metadata; an object written elsewhere may carry none)."""
+    expected = response.get("Metadata", {}).get(SHA256_META)
+    if expected and actual != expected:
+        raise ChecksumError(
+            f"{uri}: sha256 {actual[:12]}... differs from the {expected[:12]}... recorded at "
+            "write: the object changed or is corrupt"
+        )
+
+
 def read_bytes(uri: str | Path, verify: bool = True) -> bytes:
     """The object's bytes; an S3 object written here carries its sha256, which is checked."""
     uri = str(uri)
     if is_s3(uri) and verify:
         response = _get_object(uri)
         data = response["Body"].read()
-        expected = response.get("Metadata", {}).get(SHA256_META)
-        actual = hashlib.sha256(data).hexdigest()
-        if expected and actual != expected:
-            raise ChecksumError(
-                f"{uri}: sha256 {actual[:12]}... differs from the {expected[:12]}... recorded at "
-                "write: the object changed or is corrupt"
-            )
+        check_sha256(uri, hashlib.sha256(data).hexdigest(), response)
         return data
     with open_binary(uri) as f:
         return f.read()

@@ -40,9 +40,7 @@ def demo_settings(settings: Settings) -> Settings:
     return settings.model_copy(
         update={
             "drift": settings.drift.model_copy(update={"reference_days": DEMO_REFERENCE_DAYS}),
-            "monitor": settings.monitor.model_copy(
-                update={"traces": f"{str(settings.run_dir).rstrip('/')}/production/traces"}
-            ),
+            "monitor": settings.monitor.model_copy(update={"traces": settings.run_uri("production", "traces")}),
         }
     )
 

@@ -302,7 +302,7 @@ def monitor(settings: Settings, window: str | None = None, reference_days: int |
     )
     # what was announced is shared by every worker that runs the check: kept under run_dir (S3 or local)
     name = f"{key}_{verdict.get('registry_hash') or 'none'}.json"
-    announced = f"{str(settings.run_dir).rstrip('/')}/drift_monitor/announced/{name}"
+    announced = settings.run_uri("drift_monitor", "announced", name)
     verdict["new"] = verdict["retrain"] and not storage.exists(announced)
     if verdict["new"]:
         storage.write_bytes(announced, json.dumps({"window": str(win), "summary": verdict["summary"]}).encode())
