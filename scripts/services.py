@@ -166,6 +166,31 @@ def start_s3(stack: Stack) -> str:
     return url
 
 
+def start_services(stack: Stack, progress) -> str:
+    """Postgres, Redis and S3 up, their settings written for every process of the stack (<home>/prod_env.json,
+    0600: it holds the passwords); returns where MLflow keeps its artifacts."""
+    from scripts.stack import PROD_ENV
+
+    sql, broker, s3_url = start_postgres(stack), start_redis(stack), start_s3(stack)
+    fd = os.open(stack.home / PROD_ENV, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(prod_env(stack, sql, broker, s3_url), f)
+    progress(f"Postgres :{stack.pg_port}, Redis :{stack.redis_port}, S3 (moto) {s3_url} up")
+    return f"s3://{ARTIFACTS_BUCKET}/"
+
+
+def start_workers(stack: Stack, bin_dir: Path) -> None:
+    """`stack.workers` Celery workers, each with its own scratch dir and name, as on machines of their own
+    (--skip-serve-logs: the log files are the api-server's to read on this disk)."""
+    for i in range(stack.workers):
+        name = f"worker-{'abcdefgh'[i]}"
+        stack._spawn(
+            name,
+            [str(bin_dir / "airflow"), "celery", "worker", "-H", f"{name}@%h", "-c", "2", "--skip-serve-logs"],
+            env={"EVERGREEN_SCRATCH_DIR": str(stack.home / "scratch" / name), "EVERGREEN_WORKER_NAME": name},
+        )
+
+
 def prod_env(stack: Stack, sql: str, broker: str, s3_url: str) -> dict[str, str]:
     """The production shape of the stack's environment: Postgres, Celery on Redis, runs and artifacts on S3."""
     return {

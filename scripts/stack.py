@@ -29,6 +29,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from scripts import services
 from scripts.airflow_api import ApiClient
 from tasks.net import port_busy
 from tasks.processes import end_processes
@@ -38,6 +39,7 @@ USER = "evergreen"
 # MLflow 3's server starts a job runner and seven huey consumers for its GenAI jobs (evaluations, trace
 # rollups) that Evergreen never submits: on 2 cores they slow its start past a minute under load
 MLFLOW_SERVER_ENV = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+PROD_ENV = "prod_env.json"  # a prod stack's Postgres, Redis and S3 settings, mode 0600 (passwords)
 
 
 @dataclass
@@ -126,7 +128,7 @@ class Stack:
 
     @property
     def _prod(self) -> dict:
-        path = self.home / "prod_env.json"  # written by start(): a later `down` or `runs_root` reads it
+        path = self.home / PROD_ENV  # written by start() (scripts/services.py): a later `down` or `runs_root` reads it
         return json.loads(path.read_text()) if self.kind == "prod" and path.exists() else {}
 
     @property
@@ -202,14 +204,7 @@ class Stack:
         bin_dir = Path(sys.executable).parent
         artifacts = str(self.home / "mlflow" / "artifacts")
         if self.kind == "prod":
-            from scripts import services
-
-            sql, broker, s3_url = services.start_postgres(self), services.start_redis(self), services.start_s3(self)
-            fd = os.open(self.home / "prod_env.json", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "w") as f:
-                json.dump(services.prod_env(self, sql, broker, s3_url), f)
-            artifacts = f"s3://{services.ARTIFACTS_BUCKET}/"
-            progress(f"Postgres :{self.pg_port}, Redis :{self.redis_port}, S3 (moto) {s3_url} up")
+            artifacts = services.start_services(self, progress)
         self._spawn(
             "mlflow",
             [
@@ -261,15 +256,7 @@ class Stack:
                 cmd += ["--skip-serve-logs"]
             self._spawn(component, cmd)
         if self.kind == "prod":
-            for i in range(self.workers):
-                name = f"worker-{'abcdefgh'[i]}"
-                # its own scratch dir and identity, as on its own machine; serve-logs: the log files are the
-                # api-server's to read here
-                self._spawn(
-                    name,
-                    [str(bin_dir / "airflow"), "celery", "worker", "-H", f"{name}@%h", "-c", "2", "--skip-serve-logs"],
-                    env={"EVERGREEN_SCRATCH_DIR": str(self.home / "scratch" / name), "EVERGREEN_WORKER_NAME": name},
-                )
+            services.start_workers(self, bin_dir)
         self._wait_http("mlflow", f"{self.mlflow_url}/health", 120)
         self._wait_http("api-server", f"{self.api_url}/api/v2/monitor/health", 180)
         progress(
@@ -371,11 +358,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "down":
         stack.stop()
         return 0
-    from scripts.services import ServiceError
-
     try:
         stack.start()
-    except (ServiceError, RuntimeError) as e:
+    except (services.ServiceError, RuntimeError) as e:
         stack.stop(progress=lambda _: None)
         print(f"stack not started: {e}", file=sys.stderr)
         return 1
