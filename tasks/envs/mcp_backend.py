@@ -36,18 +36,15 @@ import asyncio
 import contextlib
 import sys
 import time
-from collections.abc import Callable, Coroutine
-from typing import Any, TextIO, TypeVar, cast, overload
+from collections.abc import Coroutine
+from typing import Any, TextIO, TypeVar, cast
 
 import httpx2
 import mcp_types as types
-from mcp import Client
-from mcp.client.stdio import StdioServerParameters, stdio_client
-from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
-from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from tasks.envs.backends import ClosedOnExit, LoopThread, ToolResult
+from tasks.envs.mcp_connection import Connection, describe, leaf
 
 HANDLER_META = "evergreen/handler"  # where desk_mcp_server carries x-evergreen-handler
 VERSION_META = "evergreen/toolset_version"  # and the toolset's version, on the tools/list result
@@ -61,95 +58,6 @@ class ToolsChangedUnsupported(RuntimeError):
 
 def _error(fault: str, text: str) -> ToolResult:
     return ToolResult(f"error: {text}", is_error=True, fault=fault)
-
-
-@overload
-def _leaf(exc: BaseException) -> BaseException: ...
-@overload
-def _leaf(exc: None) -> None: ...
-def _leaf(exc: BaseException | None) -> BaseException | None:
-    while isinstance(exc, BaseExceptionGroup):  # anyio task groups wrap the transport's error
-        exc = exc.exceptions[0]
-    return exc
-
-
-def _describe(exc: BaseException) -> str:
-    exc = _leaf(exc)
-    if type(exc) in (ConnectionError, TimeoutError) and str(exc):  # raised here: already described
-        return str(exc)
-    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-
-
-class _Connection:
-    """One MCP connection: a `Client` entered and left by its own owner task on the backend's loop."""
-
-    def __init__(self, backend: MCPBackend, on_notification: Callable[[], None] | None = None):
-        self.backend, self.on_notification = backend, on_notification
-        self.client: Client | None = None
-        self.error: BaseException | None = None
-        self.ready, self.closing, self.ended = asyncio.Event(), asyncio.Event(), asyncio.Event()
-        self.task: asyncio.Task | None = None
-
-    @property
-    def modern(self) -> bool:
-        return self.client is not None and self.client.protocol_version in MODERN_PROTOCOL_VERSIONS
-
-    @property
-    def alive(self) -> bool:
-        # 2.3.0 has no public liveness signal; the dispatcher marks itself closed at EOF (a stdio server
-        # that exited), which lets a shared connection be reopened before a call rather than fail it.
-        return (
-            self.client is not None
-            and not self.ended.is_set()
-            and not getattr(self.client.session._dispatcher, "_closed", False)
-        )
-
-    async def open(self, timeout: float) -> None:
-        self.task = asyncio.create_task(self._own())
-        try:
-            await asyncio.wait_for(self.ready.wait(), timeout)
-        except TimeoutError:  # stuck in the handshake: cancel it (the SDK unwinds a cancelled connect)
-            self.task.cancel()
-            await asyncio.wait([self.task], timeout=8.0)
-            raise
-        if self.client is None:
-            raise self.error or ConnectionError("the connection ended while opening")
-
-    async def _own(self) -> None:
-        b = self.backend
-        if b.url:
-            transport = streamable_http_client(b.url)
-        else:
-            assert b.command is not None  # MCPBackend: a command when there is no URL
-            transport = stdio_client(
-                StdioServerParameters(command=b.command[0], args=b.command[1:], env=b.env, cwd=b.cwd), errlog=b.errlog
-            )
-        try:
-            async with Client(
-                transport, mode=b.mode, cache=None, read_timeout_seconds=b.timeout, message_handler=self._on_message
-            ) as client:
-                self.client = client
-                self.ready.set()
-                await self.closing.wait()
-        except Exception as e:  # the transport's failure, kept to classify faults
-            self.error = e
-        finally:
-            self.ended.set()
-            self.ready.set()
-
-    async def _on_message(self, message: Any) -> None:
-        # handshake era only: a 2026-07-28 connection counts the events of its listen stream instead
-        if isinstance(message, types.ToolListChangedNotification) and self.on_notification and not self.modern:
-            self.on_notification()
-
-    async def close(self, wait: float = 8.0) -> None:
-        """Leave the Client (stdio: close stdin, then terminate the server's process group)."""
-        self.closing.set()
-        if self.task is not None and not self.task.done():
-            try:
-                await asyncio.wait_for(asyncio.shield(self.task), wait)
-            except TimeoutError:
-                self.task.cancel()
 
 
 class MCPBackend(ClosedOnExit):
@@ -175,10 +83,10 @@ class MCPBackend(ClosedOnExit):
         self.timeout, self.connect_timeout, self.stateless, self.mode = timeout, connect_timeout, stateless, mode
         self.env, self.cwd, self.errlog = env, cwd, errlog if errlog is not None else sys.stderr
         self._lt = LoopThread("mcp-backend")
-        self._ctl: _Connection | None = None  # list_tools, the watcher and (shared) the episodes' calls
+        self._ctl: Connection | None = None  # list_tools, the watcher and (shared) the episodes' calls
         self._ctl_lock = asyncio.Lock()
         self._ctl_failed: tuple[float, BaseException] | None = None
-        self._episodes: set[_Connection] = set()
+        self._episodes: set[Connection] = set()
         self._generation, self._changed = 0, asyncio.Event()
         self._watcher: asyncio.Task | None = None
         self._watch_ready: asyncio.Future | None = None
@@ -239,7 +147,7 @@ class MCPBackend(ClosedOnExit):
             raise RuntimeError("MCPBackend is closed")
         return await asyncio.wrap_future(self._lt.submit(coro))
 
-    async def _control(self) -> _Connection:
+    async def _control(self) -> Connection:
         async with self._ctl_lock:
             if self._ctl is not None and self._ctl.alive:
                 return self._ctl
@@ -247,10 +155,10 @@ class MCPBackend(ClosedOnExit):
                 raise ConnectionError("MCPBackend is closed")
             if self._ctl_failed and time.monotonic() - self._ctl_failed[0] < RETRY_CONNECT_S:
                 e = self._ctl_failed[1]  # a fresh exception: re-raising one object grows its traceback
-                raise (TimeoutError if isinstance(e, TimeoutError) else ConnectionError)(_describe(e))
+                raise (TimeoutError if isinstance(e, TimeoutError) else ConnectionError)(describe(e))
             if self._ctl is not None:
                 await self._ctl.close()
-            self._ctl, conn = None, _Connection(self, on_notification=self._bump)
+            self._ctl, conn = None, Connection(self, on_notification=self._bump)
             try:
                 await conn.open(self.connect_timeout)
             except Exception as e:
@@ -272,7 +180,7 @@ class MCPBackend(ClosedOnExit):
                 if not (cursor := page.next_cursor):
                     break
         except Exception as e:
-            raise ConnectionError(f"MCP server {self.url or self.command}: {_describe(e)}") from e
+            raise ConnectionError(f"MCP server {self.url or self.command}: {describe(e)}") from e
         return {"version": version, "tools": [_openai_tool(t) for t in tools]}
 
     async def _shared(self) -> bool:
@@ -283,7 +191,7 @@ class MCPBackend(ClosedOnExit):
                 return True  # unreachable now: its calls say so and reconnect; decided once connected
         return self.stateless
 
-    async def _call(self, conn: _Connection, name: str, arguments: dict) -> ToolResult:
+    async def _call(self, conn: Connection, name: str, arguments: dict) -> ToolResult:
         timed_out = _error("timeout", f"the tool server did not answer within {self.timeout:g} s")
         assert conn.client is not None  # set once the connection is open
         try:  # the SDK's own timeout answers first; wait_for only bounds what it does not cover
@@ -299,7 +207,7 @@ class MCPBackend(ClosedOnExit):
                 return await self._lost(conn)
             return _error("tool_failed" if e.error.code == types.INTERNAL_ERROR else "refused", e.error.message)
         except Exception as e:  # a result the SDK could not read (validation, an unexpected result type)
-            return await self._lost(conn) if not conn.alive else _error("bad_response", _describe(e))
+            return await self._lost(conn) if not conn.alive else _error("bad_response", describe(e))
         texts = [c.text for c in result.content if isinstance(c, types.TextContent)]
         if len(texts) != len(result.content):
             kinds = sorted({c.type for c in result.content if not isinstance(c, types.TextContent)})
@@ -307,11 +215,11 @@ class MCPBackend(ClosedOnExit):
         text = "\n".join(texts)
         return _error("refused", text) if result.is_error else ToolResult(text)
 
-    async def _lost(self, conn: _Connection) -> ToolResult:
+    async def _lost(self, conn: Connection) -> ToolResult:
         """The connection dropped under a call: reap it, and tell a server that refuses connections."""
         await conn.close(wait=3.0)
-        if isinstance(leaf := _leaf(conn.error), (httpx2.ConnectError, ConnectionRefusedError)):
-            return _error("unreachable", f"tool server unreachable ({_describe(leaf)})")
+        if isinstance(cause := leaf(conn.error), (httpx2.ConnectError, ConnectionRefusedError)):
+            return _error("unreachable", f"tool server unreachable ({describe(cause)})")
         return _error("session_lost", "the connection to the tool server was lost")
 
     def _bump(self) -> None:
@@ -358,7 +266,7 @@ class MCPBackend(ClosedOnExit):
                         ready.set_exception(
                             e
                             if isinstance(e, ToolsChangedUnsupported)
-                            else ConnectionError(f"cannot watch tools: {_describe(e)}")
+                            else ConnectionError(f"cannot watch tools: {describe(e)}")
                         )
                     return
             await asyncio.sleep(RETRY_CONNECT_S)
@@ -387,7 +295,7 @@ class MCPSession(ClosedOnExit):
 
     def __init__(self, backend: MCPBackend, shared: bool):
         self.backend, self.shared = backend, shared
-        self._conn: _Connection | None = None
+        self._conn: Connection | None = None
         self._lock = asyncio.Lock()
 
     async def acall(self, name: str, arguments: dict) -> ToolResult:
@@ -407,7 +315,7 @@ class MCPSession(ClosedOnExit):
             else:
                 async with self._lock:
                     if self._conn is None:
-                        conn = _Connection(self.backend)
+                        conn = Connection(self.backend)
                         await conn.open(self.backend.connect_timeout)
                         self._conn = conn
                         self.backend._episodes.add(conn)
@@ -417,7 +325,7 @@ class MCPSession(ClosedOnExit):
         except TimeoutError:
             return _error("timeout", "timed out connecting to the tool server")
         except Exception as e:
-            return _error("unreachable", f"tool server unreachable ({_describe(e)})")
+            return _error("unreachable", f"tool server unreachable ({describe(e)})")
         return await self.backend._call(conn, name, arguments)
 
     def close(self) -> None:
