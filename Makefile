@@ -72,8 +72,11 @@ down:
 	$(VENV)/bin/python scripts/stack.py down
 
 bench: venv
+	# TRL for the peer comparison, pinned apart from the project's requirements (it adds only itself and datasets)
+	$(VENV)/bin/python scripts/venv_install.py -r bench/requirements-peers.txt -c requirements.txt -c requirements-test.txt
 	$(VENV)/bin/python bench/rl_step.py --quick
 	$(VENV)/bin/python bench/signals.py --quick
+	$(VENV)/bin/python bench/peers.py
 
 clean:
 	rm -rf runs .stack .pytest_cache

@@ -12,6 +12,10 @@
   weight_sync_collective_s) and the object-store path's reload (`collective_rpc("reload_weights")`,
   weight_sync_object_store_s), each with its prefix-cache reset. Trainer and engine share this process.
 
+With `--device cuda` (bench/gpu.sh) the engine runs on the GPU, the trainer's copy is on the same GPU, the
+sync is vLLM's CUDA IPC transfer, the memcpy is a device copy, and the GPU's memory bandwidth (a large
+device-to-device copy) is reported beside the sync's GB/s (sync_GBps, device_copy_GBps).
+
 The engine is built once before timing (as a rollout worker does once per run); its build time is
 reported separately (engine_build_s). Without --model, the trained champion under runs/local is used
 if present, else a random tiny model (which never stops early, so it understates vLLM's advantage).
@@ -32,12 +36,26 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 
 
+def timed(fn, cuda: bool) -> float:
+    """Seconds `fn` takes, with the device's queued work finished before and after on a GPU."""
+    import torch
+
+    if cuda:
+        torch.cuda.synchronize()
+    t0 = time.time()
+    fn()
+    if cuda:
+        torch.cuda.synchronize()
+    return time.time() - t0
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="16 tasks x 4 samples, one repetition")
     ap.add_argument("--model", default=None)
     ap.add_argument("--tasks", type=int, default=64)
     ap.add_argument("--group", type=int, default=8)
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     args = ap.parse_args()
     n_tasks, group = (16, 4) if args.quick else (args.tasks, args.group)
 
@@ -85,7 +103,7 @@ def main() -> None:
         max_len=settings.model.max_len,
         kv_cache_mb=settings.rollout.kv_cache_mb,
         threads=os.cpu_count(),
-        weight_transfer="gloo",
+        weight_transfer="ipc" if args.device == "cuda" else "gloo",
     )
     engine = worker.backend
     build_s = time.time() - t0
@@ -93,7 +111,7 @@ def main() -> None:
     records = [episode_record(e, i // group, i % group, 0) for i, e in enumerate(eps)]
     h_eps, h_tokens, h_s, h_success = timed_rollout(HFBackend(model, tok))
 
-    train_model = load_model(model_dir)[0]
+    train_model = load_model(model_dir)[0].to(args.device)
     opt = torch.optim.AdamW(train_model.parameters(), lr=settings.grpo.lr)
     t0 = time.time()
     m = grpo_step(train_model, opt, records, settings, tok.pad_id)
@@ -104,17 +122,20 @@ def main() -> None:
     t0 = time.time()
     engine.load_weights(sd)
     object_store_s = time.time() - t0
-    sync = CollectiveWeightSync([worker], "gloo", host="127.0.0.1", client_cls=LocalWorkerClient)
-    sync.send(sd, version=1)  # the first round also forms the group: time the second
-    t0 = time.time()
-    sync.send(sd, version=2)
-    sync_s = time.time() - t0
+    on_gpu = args.device == "cuda"
+    sent = {k: v.to(args.device) for k, v in sd.items()}
+    backend = "ipc" if on_gpu else "gloo"
+    sync = CollectiveWeightSync([worker], backend, host="127.0.0.1", client_cls=LocalWorkerClient)
+    sync.send(sent, version=1)  # the first round also forms the group: time the second
+    sync_s = timed(lambda: sync.send(sent, version=2), on_gpu)
     sync.close()
-    dst = {k: torch.empty_like(v) for k, v in sd.items()}
-    t0 = time.time()
-    for k, v in sd.items():
-        dst[k].copy_(v)
-    memcpy_s = time.time() - t0
+    dst = {k: torch.empty_like(v) for k, v in sent.items()}
+    memcpy_s = timed(lambda: [dst[k].copy_(v) for k, v in sent.items()], on_gpu)
+    device_copy_gbps = None
+    if on_gpu:  # the accelerator's memory bandwidth: read + write of a 1 GiB buffer
+        big = torch.empty(1 << 28, dtype=torch.float32, device="cuda")
+        copy = torch.empty_like(big)
+        device_copy_gbps = 2 * big.numel() * 4 / timed(lambda: copy.copy_(big), True) / 1e9
 
     out = {
         "bench": "rl_step",
@@ -135,9 +156,12 @@ def main() -> None:
         "weight_sync_s": sync_s,
         "weight_sync_collective_s": sync_s,
         "weight_sync_object_store_s": object_store_s,
-        "weight_sync_backend": sync.backend,
+        "weight_sync_backend": backend,
         "memcpy_s": memcpy_s,
         "weight_sync_over_memcpy": sync_s / max(memcpy_s, 1e-9),
+        "sync_GBps": nbytes / sync_s / 1e9,
+        "device_copy_GBps": device_copy_gbps,
+        "device": args.device,
         "threads": torch.get_num_threads(),
     }
     print(json.dumps(out))
