@@ -8,6 +8,8 @@ Noise-only pairs, from a seeds bench's models (no new training):
 - `float` pairs: two champions bootstrapped by the same recipe and SFT seed under different torch thread
   counts (the float order another CPU's kernels would give), both orders; and the challengers of the same
   (SFT seed, GRPO seed) under different thread counts.
+- `ulp` pairs: every champion and challenger against itself with each weight moved by one float step
+  (`torch.nextafter`), the smallest change a float-level difference can make.
 Each pair is evaluated as the DAG evaluates (`python -m tasks eval --model A --against B --toolset 2 1`: the
 gate's held-out tasks, paired bootstrap), then judged by `tasks.promotion.gate.decide` with the settings'
 promotion defaults: v2 the target, v1 the guard, both validations passed, and the cost the ledger gives for
@@ -60,13 +62,31 @@ def judge(diff: dict, cost: dict, settings) -> bool:
     ).promote
 
 
-def pairs(runs: Path) -> list[tuple[str, Path, Path, Path]]:
+def ulp_twin(model_dir: Path) -> Path:
+    """`model_dir` with every weight one float step up, saved beside it (once)."""
+    import torch
+
+    from tasks.policy.model import load_model, save_model
+
+    out = model_dir.parent / f"{model_dir.name}-ulp"
+    if not (out / "config.json").exists():
+        model, chat, _ = load_model(model_dir)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.copy_(torch.nextafter(p, torch.full_like(p, float("inf"))))
+        save_model(model, chat, out)
+    return out
+
+
+def pairs(runs: Path, twins: bool = True) -> list[tuple[str, Path, Path, Path]]:
     """(kind, model A, model B, the run whose cost A carries) for every unordered noise-only pair."""
     champions = sorted(runs.glob("t*-sft*/champion"))
     out = []
     for champion in champions:
         challengers = sorted(p for p in champion.parent.glob("grpo*") if (p / "model" / "config.json").exists())
         out += [("seed", a / "model", b / "model", a) for a, b in itertools.combinations(challengers, 2)]
+        if twins and challengers:
+            out += [("ulp", m, ulp_twin(m), challengers[0]) for m in (champion, *(c / "model" for c in challengers))]
     by_sft: dict[str, list[Path]] = {}
     for champion in champions:
         by_sft.setdefault(champion.parent.name.split("-", 1)[1], []).append(champion)
@@ -119,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
             )
     report: dict = {"bench": "gate_noise", "pairs": len(rows), "promoted": sum(r["promoted"] for r in rows)}
     report["rate"] = round(report["promoted"] / len(rows), 4) if rows else None
-    for kind in ("seed", "float"):
+    for kind in ("seed", "float", "ulp"):
         some = [r for r in rows if r["kind"] == kind]
         report[kind] = {"pairs": len(some), "promoted": sum(r["promoted"] for r in some)}
         report[kind]["abs_v2_diff_mean"] = (

@@ -49,6 +49,36 @@ def timed(fn, cuda: bool) -> float:
     return time.time() - t0
 
 
+def plain_loop(model, ref_model, optimizer, records, settings, pad_id) -> None:
+    """The floor the GRPO update is held to: the same micro-batches of the same records through a reference
+    forward, a forward, a backward of the mean completion log-probability and one AdamW step, nothing else."""
+    import torch
+
+    from tasks.rl.grpo import pad_batch, sequence_token_logprobs
+    from tasks.rl.update import _micro_batches
+
+    t = settings.rollout.temperature
+    optimizer.zero_grad(set_to_none=True)
+    for mb in _micro_batches(list(range(len(records))), records, settings.grpo.micro_batch_tokens):
+        seqs = [records[i]["prompt_ids"] + records[i]["completion_ids"] for i in mb]
+        masks = [[0] * len(records[i]["prompt_ids"]) + records[i]["completion_mask"] for i in mb]
+        ids, attn, mask = pad_batch(seqs, masks, pad_id, next(model.parameters()).device)
+        with torch.no_grad():
+            sequence_token_logprobs(ref_model, ids, attn, t)
+        logp = sequence_token_logprobs(model, ids, attn, t)
+        (-(logp * mask).sum() / mask.sum()).backward()
+    optimizer.step()
+
+
+def matmul_gflops(device: str, n: int = 2048, reps: int = 10) -> float:
+    """The machine's fp32 matmul rate, the compute limit's denominator."""
+    import torch
+
+    a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
+    a @ b  # warm-up
+    return 2 * n**3 * reps / timed(lambda: [a @ b for _ in range(reps)], device == "cuda") / 1e9
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="16 tasks x 4 samples, one repetition")
@@ -109,20 +139,28 @@ def main() -> None:
     build_s = time.time() - t0
     eps, v_tokens, v_s, v_success = timed_rollout(engine)
     records = [episode_record(e, i // group, i % group, 0) for i, e in enumerate(eps)]
-    h_eps, h_tokens, h_s, h_success = timed_rollout(HFBackend(model, tok))
+    h_eps, h_tokens, h_s, h_success = timed_rollout(HFBackend(model.to(args.device), tok))
 
     train_model = load_model(model_dir)[0].to(args.device)
-    opt = torch.optim.AdamW(train_model.parameters(), lr=settings.grpo.lr)
-    t0 = time.time()
-    m = grpo_step(train_model, opt, records, settings, tok.pad_id)
-    grpo_s = time.time() - t0
+    ref_model = load_model(model_dir)[0].to(args.device).requires_grad_(False)
+    opt = torch.optim.AdamW(train_model.parameters(), lr=settings.grpo.lr, weight_decay=0.0, betas=(0.9, 0.99))
+    on_gpu = args.device == "cuda"
+    m: dict = {}
+    grpo_s = timed(lambda: m.update(grpo_step(train_model, opt, records, settings, tok.pad_id, ref_model)), on_gpu)
+    plain_model = load_model(model_dir)[0].to(args.device)
+    plain = torch.optim.AdamW(plain_model.parameters(), lr=settings.grpo.lr, weight_decay=0.0, betas=(0.9, 0.99))
+    plain_s = timed(lambda: plain_loop(plain_model, ref_model, plain, records, settings, tok.pad_id), on_gpu)
+    params = sum(p.numel() for p in train_model.parameters())
+    tokens = sum(len(r["prompt_ids"]) + len(r["completion_ids"]) for r in records)
+    # forward 2 FLOPs per parameter per token, backward 4; the reference's forward 2 more
+    step_flops = 8 * params * tokens
+    gflops = matmul_gflops(args.device)
 
     sd = state_dict_cpu(train_model)
     nbytes = sum(t.numel() * t.element_size() for t in sd.values())
     t0 = time.time()
     engine.load_weights(sd)
     object_store_s = time.time() - t0
-    on_gpu = args.device == "cuda"
     sent = {k: v.to(args.device) for k, v in sd.items()}
     backend = "ipc" if on_gpu else "gloo"
     sync = CollectiveWeightSync([worker], backend, host="127.0.0.1", client_cls=LocalWorkerClient)
@@ -152,6 +190,12 @@ def main() -> None:
         "engine_build_s": build_s,
         "grpo_step_s": grpo_s,
         "grpo_trained_tokens": m["trained_tokens"],
+        "plain_loop_s": plain_s,
+        "grpo_over_plain_loop": grpo_s / plain_s,
+        "step_tokens": tokens,
+        "matmul_gflops": gflops,
+        "compute_limit_s": step_flops / (gflops * 1e9),
+        "grpo_over_compute_limit": grpo_s / (step_flops / (gflops * 1e9)),
         "weight_bytes": nbytes,
         "weight_sync_s": sync_s,
         "weight_sync_collective_s": sync_s,

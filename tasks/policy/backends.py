@@ -70,9 +70,10 @@ class HFBackend:
             attn[i, width - len(p) :] = 1
         greedy = sampling.temperature == 0
         torch.manual_seed(gen_seed)
+        device = next(self.model.parameters()).device  # a model on a GPU takes its inputs there
         out = self.model.generate(
-            input_ids=ids,
-            attention_mask=attn,
+            input_ids=ids.to(device),
+            attention_mask=attn.to(device),
             max_new_tokens=max(max_tokens),
             do_sample=not greedy,
             temperature=None if greedy else sampling.temperature,
@@ -83,8 +84,8 @@ class HFBackend:
             output_scores=True,
             return_dict_in_generate=True,
         )
-        new = out.sequences[:, width:]
-        scores = torch.stack(out.scores, dim=1).float().log_softmax(-1)  # [B, new, V], after temperature
+        new = out.sequences[:, width:].cpu()
+        scores = torch.stack(out.scores, dim=1).float().log_softmax(-1).cpu()  # [B, new, V], after temperature
         chosen = scores.gather(-1, new.unsqueeze(-1)).squeeze(-1)
         results = []
         for i in range(len(prompts)):

@@ -181,7 +181,12 @@ def start_local_head(
     else:
         cmd += ["--include-dashboard=false"]
     t0 = time.time()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=os.environ | auth_env)
+    # its own session: the head's daemons must outlive the process that started them, as on a machine of
+    # their own. In the same process group, a Celery worker killed with its group (a lost machine) would take
+    # the run's cluster, and every stage after it, down with it; teardown stops the head by its own pids.
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=timeout, env=os.environ | auth_env, start_new_session=True
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"`{' '.join(cmd)}` failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
     head = LocalHead(

@@ -54,6 +54,6 @@ def test_pairs_within_a_champion_and_across_thread_counts(tmp_path):
         (tmp_path / f"t{t}-sft1" / "champion").mkdir(parents=True)
         for g in (0, 1, 2):
             model(tmp_path / f"t{t}-sft1" / f"grpo{g}")
-    kinds = [k for k, *_ in gate_noise.pairs(tmp_path)]
+    kinds = [k for k, *_ in gate_noise.pairs(tmp_path, twins=False)]
     # 3 seed pairs per champion; the two champions, and 3 challenger twins across thread counts
     assert kinds.count("seed") == 6 and kinds.count("float") == 4
