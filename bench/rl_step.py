@@ -55,11 +55,12 @@ def plain_loop(model, ref_model, optimizer, records, settings, pad_id) -> None:
     import torch
 
     from tasks.rl.grpo import pad_batch, sequence_token_logprobs
-    from tasks.rl.update import _micro_batches
+    from tasks.rl.update import _length, _micro_batches
 
     t = settings.rollout.temperature
     optimizer.zero_grad(set_to_none=True)
-    for mb in _micro_batches(list(range(len(records))), records, settings.grpo.micro_batch_tokens):
+    by_length = sorted(range(len(records)), key=lambda i: _length(records[i]))  # as grpo_step: little padding
+    for mb in _micro_batches(by_length, records, settings.grpo.micro_batch_tokens):
         seqs = [records[i]["prompt_ids"] + records[i]["completion_ids"] for i in mb]
         masks = [[0] * len(records[i]["prompt_ids"]) + records[i]["completion_mask"] for i in mb]
         ids, attn, mask = pad_batch(seqs, masks, pad_id, next(model.parameters()).device)

@@ -294,6 +294,14 @@ def teardown_local_cluster(run_key: str) -> int:
     """Stop exactly the processes of the run's local head (never `ray stop`); returns how many."""
     head = LocalHead("", local_temp_dir(run_key), None, {})
     stopped = head.stop()
+    # a process the head was starting as it stopped (a worker forked by the raylet, an agent restarting) shows
+    # up after the first sweep: sweep until none has shown up for `quiet` seconds
+    quiet, deadline, last_seen = 3.0, time.time() + 30, time.time()
+    while time.time() < deadline and time.time() - last_seen < quiet:
+        time.sleep(0.5)
+        if head.pids():
+            stopped += head.stop()
+            last_seen = time.time()
     left = head.pids()
     if left:
         raise RuntimeError(

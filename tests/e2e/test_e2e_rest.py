@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from tests.e2e.drills import DAG, ray_pids, states
+from tests.e2e.drills import DAG, ray_pids, run_dir, states
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 
@@ -51,7 +51,14 @@ def test_the_next_run_resumes_from_the_checkpoint_promotes_and_leaves_no_ray_pro
     assert finished_run["trigger"]["kind"] == "asset"
     assert any(e["extra"].get("summary") == "e2e: REST asset event" for e in finished_run["trigger"]["asset_events"])
     job = json.loads((finished_run["run_dir"] / "grpo_job.json").read_text())
-    step = int(head_killed_run["head"][0].split("-")[1])
+    # the last checkpoint the failed run saved: the first one, or a later one saved while the kill landed (the
+    # drill sees a checkpoint once it is on S3, and the trainer may save the next before the head is gone)
+    from tasks.rl.checkpoint import latest_checkpoint
+
+    killed_after = int(head_killed_run["head"][0].split("-")[1])
+    last = latest_checkpoint(run_dir(airflow_stack, head_killed_run["run_id"]) / "grpo" / "checkpoints")
+    step = int(last.name.split("-")[1])
+    assert step >= killed_after
     assert job["resumed_from"] == {"run": head_killed_run["run_dir"].name, "step": step}, job
     lines = (finished_run["run_dir"] / "grpo" / "metrics.jsonl").read_text().splitlines()
     steps = [json.loads(line)["step"] for line in lines]

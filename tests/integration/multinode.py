@@ -55,6 +55,11 @@ def main(out: Path) -> dict:
     )
     model, tok = build_model(settings.model)
     model_dir = save_model(model, tok, out / "model")
+    # Cluster writes the head's address to Ray's default temp dir (/tmp/ray), whatever temp_dir the head has;
+    # on a machine where no Ray ever ran, that directory does not exist yet
+    from ray._common.utils import get_default_ray_temp_dir
+
+    Path(get_default_ray_temp_dir()).mkdir(parents=True, exist_ok=True)
     cluster = Cluster(
         initialize_head=True,
         head_node_args={
