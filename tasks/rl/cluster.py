@@ -45,14 +45,18 @@ class LocalHead:
         themselves `ray::…`, the client server gets only the address): missed, they outlived teardowns."""
         import psutil
 
-        out = []
+        out, token = [], str(token_dir(self.temp_dir)) + "/"
         for p in psutil.process_iter(["pid", "cmdline", "name"]):
             try:
                 cmdline = p.info["cmdline"] or []
-                if (
-                    any(self.temp_dir in part for part in cmdline)
-                    or (str(p.info["name"]).startswith(("ray::", "ray-")) or any("ray" in part for part in cmdline[:3]))
-                    and any(f.path.startswith(self.temp_dir + "/") for f in p.open_files())
+                if any(self.temp_dir in part for part in cmdline) or (
+                    (str(p.info["name"]).startswith(("ray::", "ray-")) or any("ray" in part for part in cmdline[:3]))
+                    and (
+                        any(f.path.startswith(self.temp_dir + "/") for f in p.open_files())
+                        # a process the head had just spawned (a dashboard module) opens its logs later, but
+                        # carries the head's token in its environment from the start
+                        or p.environ().get("RAY_AUTH_TOKEN_PATH", "").startswith(token)
+                    )
                 ):
                     out.append(p.info["pid"])
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):

@@ -22,6 +22,20 @@ def ray_pids(run_id: str) -> list[int]:
     return LocalHead("", local_temp_dir(f"{DAG}/{run_id}"), None, {}).pids()
 
 
+def described(pids: list[int]) -> list[str]:
+    """`pid name cmdline` of each process still there: what an assertion on leftovers should show."""
+    import psutil
+
+    out = []
+    for pid in pids:
+        try:
+            p = psutil.Process(pid)
+            out.append(f"{pid} {p.name()} {' '.join(p.cmdline())[:200]} (started {time.ctime(p.create_time())})")
+        except psutil.Error:
+            out.append(f"{pid} (gone)")
+    return out
+
+
 def exposed(stack) -> list[tuple]:
     """Listening sockets of the stack's processes that are not on loopback."""
     return [s for s in stack.listening() if not ipaddress.ip_address(s[2].removeprefix("::ffff:")).is_loopback]

@@ -21,7 +21,8 @@ def test_the_promoted_run_ran_on_two_celery_workers_and_kept_its_files_on_s3(air
     assert env["EVERGREEN_RUN_DIR"].startswith("s3://")
     run_id, where = finished_run["dag_run_id"], finished_run["run_dir"]
     assert finished_run["airflow_state"] == "success" and finished_run["status"] == "promoted"
-    assert drills.ray_pids(run_id) == [], "the run's Ray head outlived its teardown"
+    left = drills.ray_pids(run_id)
+    assert left == [], f"the run's Ray head outlived its teardown: {drills.described(left)}"
 
     client = airflow_stack.client()
     tis = client.get(f"/api/v2/dags/continuous_post_training/dagRuns/{run_id}/taskInstances?limit=100")
