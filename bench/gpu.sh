@@ -63,7 +63,7 @@ import json, sys
 steps = [json.loads(line) for line in open(sys.argv[1])]
 print(json.dumps({
     "bench": "gpu_train", "device": sys.argv[2], "steps": len(steps),
-    "step_s": [round(m["rollout_s"] + m["train_s"] + m["weight_sync_s"], 3) for m in steps],
+    "step_s": [round(m["rollout_s"] + m["train_s"] + m.get("ahead_wait_s", 0) + m["weight_sync_s"], 3) for m in steps],
     "sync_GBps": [round(m["weight_sync_bytes"] / max(m["weight_sync_s"], 1e-9) / 1e9, 3) for m in steps],
     "generated_tokens_per_s": [round(m["generated_tokens"] / max(m["rollout_s"], 1e-9), 1) for m in steps],
 }))

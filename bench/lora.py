@@ -41,14 +41,14 @@ def arm(args, name: str, sets: list[str], champion: Path, out: Path) -> dict:
     steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
     def mean(key: str) -> float:
-        return statistics.fmean(m[key] for m in steps)
+        return statistics.fmean(m.get(key, 0.0) for m in steps)  # ahead_wait_s: asynchronous runs only
 
     return {
         "steps": len(steps),
         "sync_bytes": mean("weight_sync_bytes"),
         "sync_s": round(mean("weight_sync_s"), 4),
         "train_s": round(mean("train_s"), 3),
-        "step_s": round(mean("rollout_s") + mean("train_s") + mean("weight_sync_s"), 3),
+        "step_s": round(mean("rollout_s") + mean("train_s") + mean("ahead_wait_s") + mean("weight_sync_s"), 3),
         "v2_greedy": diff["2"]["greedy_success"]["difference"],
         "v1_greedy": diff["1"]["greedy_success"]["difference"],
     }

@@ -233,7 +233,7 @@ def our_arm(args, champion: Path, out: Path, sets: list[str]) -> dict:
     extra = [x for pair in sets for x in ("--set", pair)]
     run_cli(args, *extra, "train", "--init", str(champion), "--run-dir", str(run), threads=args.threads)
     steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    times = [m["rollout_s"] + m["train_s"] + m["weight_sync_s"] for m in steps]
+    times = [m["rollout_s"] + m["train_s"] + m.get("ahead_wait_s", 0.0) + m["weight_sync_s"] for m in steps]
     return {
         "steps": len(steps),
         "step_s": [round(t, 2) for t in times],

@@ -212,7 +212,32 @@ class LoraSettings(_Section):
     )
 
 
+class AsyncSettings(_Section):
+    max_staleness: int = Field(
+        1,
+        ge=1,
+        le=1,
+        description="how many updates old the policy that sampled a batch may be: 1 = one step off (NeMo RL, verl, "
+        "prime-rl, AReaL): step t+1's rollouts run on the engines while step t updates",
+    )
+    is_cap: float = Field(
+        2.0,
+        gt=1,
+        description="cap of the truncated importance weight min(p_trainer / p_sampler, cap) that corrects the "
+        "surrogate for the stale sampler (replaces grpo.engine_is_cap in async mode)",
+    )
+    timeout_s: float = Field(
+        900,
+        gt=0,
+        description="seconds the trainer waits for the in-flight batch before the weight sync; past it the job "
+        "fails with the step named instead of hanging",
+    )
+
+
 class GRPOSettings(_Section):
+    # `async` is a Python keyword: the field is async_, read and written as "async" (settings files, --set,
+    # the run's settings.json), and by either name when validated
+    model_config = ConfigDict(**_Section.model_config, validate_by_name=True, serialize_by_alias=True)
     steps: int = Field(30, ge=1, description="policy updates (each: one rollout batch, one gradient step)")
     tasks_per_step: int = Field(32, ge=1, description="tasks per batch; episodes = tasks_per_step * group_size")
     threads: int | None = Field(
@@ -313,6 +338,13 @@ class GRPOSettings(_Section):
         "on CUDA (a fraction shares the GPU with the rollout engines), 0 on the CPU",
     )
     seed: int = Field(7, description="seed of task sampling and rollouts")
+    async_: AsyncSettings | None = Field(
+        None,
+        alias="async",
+        description="asynchronous GRPO (e.g. --set grpo.async.max_staleness=1): the next step's rollouts run "
+        "while this step updates, corrected by truncated importance sampling; None = synchronous (the "
+        "default: on 2 CPU cores the two compete for the same cores; docs/experiments.md)",
+    )
     lora: LoraSettings | None = Field(
         None,
         description="train a LoRA adapter instead of every weight (e.g. "

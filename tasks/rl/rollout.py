@@ -210,9 +210,12 @@ class RolloutPool:
         seed: int,
         temperature: float | None = None,
         max_attempts: int = 3,
+        name: str | None = None,
     ) -> list[dict]:
+        """The batch's records (every task `group_size` times), its shards written under out_dir/`name` (default
+        step-<policy version>: asynchronous GRPO samples two batches at one version, so it names them by step)."""
         temperature = self.settings.rollout.temperature if temperature is None else temperature
-        step_dir = Path(out_dir) / f"step-{self.policy_version:05d}"
+        step_dir = Path(out_dir) / (name or f"step-{self.policy_version:05d}")
         items: list[dict[str, Any]] = [
             {"task": t.to_dict(), "task_index": ti, "rollout_index": ri}
             for ti, t in enumerate(tasks)

@@ -40,6 +40,7 @@ import torch
 
 from tasks.envs import get_env
 from tasks.policy.sft import demonstration_batch
+from tasks.rl.lookahead import Lookahead
 from tasks.rl.metrics import keep_metrics
 from tasks.rl.update import grpo_step, guard_count
 
@@ -208,17 +209,21 @@ def grpo_loop(config: dict) -> None:
         keep_metrics(metrics_path, start)
     champion_toolset = get_env(settings.env.name).load_toolset(settings.env.champion_toolset)
     choice = open_choice(settings, run_dir, pool, start) if pool is not None else None  # rank 0
+
+    def batch(step: int) -> list[dict]:
+        assert pool is not None  # rank 0's
+        seed, group = g.seed * 7919 + step, settings.rollout.group_size
+        return pool.run_batch(
+            training_tasks(settings, step), group, run_dir / "rollouts", seed, name=f"step-{step:05d}"
+        )
+
+    # grpo.async: a batch is one version stale; the update weighs it by the truncated importance ratio
+    batches = Lookahead(batch, g.steps, g.async_ is not None, g.async_.timeout_s if g.async_ else 0)
+    if g.async_:
+        settings = settings.model_copy(update={"grpo": g.model_copy(update={"engine_is_cap": g.async_.is_cap})})
     for step in range(start, g.steps):
         t0 = time.time()
-        records = None
-        if rank == 0:
-            assert pool is not None
-            records = pool.run_batch(
-                training_tasks(settings, step),
-                settings.rollout.group_size,
-                run_dir / "rollouts",
-                seed=g.seed * 7919 + step,
-            )
+        records = batches.take(step) if rank == 0 else None
         t_roll = time.time() - t0
         if world > 1:  # every rank gets the whole batch: advantages need whole groups
             box = [records]
@@ -240,9 +245,11 @@ def grpo_loop(config: dict) -> None:
         m = grpo_step(model, optimizer, records, settings, chat.pad_id, ref_model, demos, rank, world)
         t_train = time.time() - t0 - t_roll
         version = step + 1
-        sync_s, sync_bytes = 0.0, 0
+        sync_s, sync_bytes, t_wait = 0.0, 0, time.time()
         if rank == 0:
             assert pool is not None
+            batches.settle()  # the batch sampling ahead keeps its weights until it is done
+            t_wait = time.time() - t_wait
             if g.lora is None:
                 weights = state_dict_snapshot(model)
                 sync_s = pool.sync_weights(weights, version)
@@ -253,6 +260,8 @@ def grpo_loop(config: dict) -> None:
                 sync_bytes = lora.adapter_bytes(adapter)
         m.update(
             step=version,
+            staleness=step - min(r["policy_version"] for r in records),
+            ahead_wait_s=t_wait if rank == 0 else 0.0,
             rollout_s=t_roll,
             train_s=t_train,
             weight_sync_s=sync_s,
@@ -291,6 +300,7 @@ def grpo_loop(config: dict) -> None:
                     choice.score(pool, version)
                 mirror.push()  # the checkpoint, metrics and records so far: what a resumed run starts from
         ray.train.report(m, **report_kwargs)
+    batches.close()
     if rank == 0:
         assert pool is not None
         if choice:

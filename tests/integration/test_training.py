@@ -131,12 +131,10 @@ def test_killed_training_resumes_from_checkpoint_and_ends_at_same_step(ray_head,
 
 
 def test_injected_training_failure_fails_the_command_with_the_reason(ray_head, tiny_model, tmp_path):
+    """Asynchronous GRPO (grpo.async) up to a failure injected at its second step: the first step trained on a
+    fresh batch while the second's sampled at the same weights, one version stale when it is taken."""
     proc = subprocess.run(
-        _train_cmd(
-            tiny_model,
-            tmp_path / "grpo",
-        )
-        + ["--fail-at-step", "0"],
+        _train_cmd(tiny_model, tmp_path / "grpo", "--set", "grpo.async.max_staleness=1") + ["--fail-at-step", "1"],
         env=_env(ray_head),
         cwd=ROOT,
         capture_output=True,
@@ -144,4 +142,9 @@ def test_injected_training_failure_fails_the_command_with_the_reason(ray_head, t
         timeout=600,
     )
     assert proc.returncode != 0
-    assert "injected failure at GRPO step 0" in proc.stderr
+    assert "injected failure at GRPO step 1" in proc.stderr
+    metrics = [json.loads(line) for line in (tmp_path / "grpo" / "metrics.jsonl").read_text().splitlines()]
+    assert [(m["step"], m["staleness"]) for m in metrics] == [(1, 0)]
+    shards = sorted((tmp_path / "grpo" / "rollouts" / "step-00001").glob("shard-*.jsonl"))
+    versions = {json.loads(line)["policy_version"] for f in shards for line in f.read_text().splitlines()}
+    assert shards and versions == {0}, versions  # sampled while step 0 updated, before its weights were sent
