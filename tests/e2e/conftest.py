@@ -9,7 +9,7 @@ Fixtures:
 - `head_killed_run`: a continuous_post_training run started by a REST asset event, its Ray head SIGKILLed
   after GRPO's first checkpoint (and the scheduler and triggerer killed and restarted on the way): what happened.
 - `finished_run`: the next run, started by another REST asset event, resumed from that checkpoint and finished,
-  the Celery worker of its evaluate task SIGKILLed on the way; the summary dict it wrote, with `airflow_state`
+  the Celery worker of its validate_evals task SIGKILLed on the way; the summary dict it wrote, with `airflow_state`
   (the DAG run's state), `dag_run_id`, `run_dir` (a Path) and `killed_worker`.
 - `tool_server`: the desk MCP server over HTTP that the stack's tool watch (EVERGREEN_TOOL_SOURCE) reads.
 """
@@ -131,8 +131,9 @@ def finished_run(airflow_stack, head_killed_run):
     client = airflow_stack.client()
     since = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
     client.post_asset_event("retrain_request", {"retrain": True, "summary": "e2e: REST asset event"})
-    # the Celery worker running its evaluate task is killed: the task is retried on the other worker
-    drill = drills.worker_kill_drill(airflow_stack, drills.next_run(client, since))
+    # the Celery worker running its validate_evals task is killed: the task is retried on the other worker (not
+    # evaluate: a retried evaluate may build its engine again, which test_the_run_builds_its_engines_once forbids)
+    drill = drills.worker_kill_drill(airflow_stack, drills.next_run(client, since), task=drills.KILLED_TASK)
     run = drill["run"]
     where = drills.run_dir(airflow_stack, run["dag_run_id"])
     assert where is not None and (where / "summary.json").exists(), f"no summary.json for {run['dag_run_id']}"

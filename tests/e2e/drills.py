@@ -111,7 +111,10 @@ def head_kill_drill(stack, run_id: str, timeout: float = 1200) -> dict:
     }
 
 
-def worker_kill_drill(stack, run_id: str, task: str = "evaluate", timeout: float = 1500) -> dict:
+KILLED_TASK = "validate_evals"  # the task whose Celery worker the prod drill kills
+
+
+def worker_kill_drill(stack, run_id: str, task: str = KILLED_TASK, timeout: float = 1500) -> dict:
     """Watch the run: once `task` runs, SIGKILL the Celery worker running it (its process group: the worker,
     its pool and the task's processes), as a lost machine would; start it again once the task's retry runs
     elsewhere. Returns the killed worker's name and the run as it ended."""

@@ -140,6 +140,12 @@ def test_two_dags_move_the_aliases_one_at_a_time(airflow_stack, finished_run):
         time.sleep(2)
     move, back = done
     assert move["state"] == "success" and back["state"] == "success", (move, back)
+    # clearing move_aliases cleared its setup and teardown too (Airflow's setup/teardown scope): the run ends,
+    # its cluster started again and stopped again, only once the teardown has run
+    while (state := client.get(f"/api/v2/dags/{DAG}/dagRuns/{run_id}")["state"]) not in ("success", "failed"):
+        assert time.time() < deadline, state
+        time.sleep(2)
+    assert state == "success" and ray_pids(run_id) == []
     assert move["pool"] == back["pool"] == "evergreen_registry"
     first, second = sorted([move, back], key=lambda t: t["start_date"])
     assert first["end_date"] <= second["start_date"], f"alias moves overlapped: {first} {second}"

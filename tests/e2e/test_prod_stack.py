@@ -2,7 +2,7 @@
 CeleryExecutor (Redis broker) and two Celery workers with separate scratch directories, the runs and MLflow's
 artifacts on an S3 endpoint (moto server). The REST asset event's run that the other e2e tests read (event →
 run → promoted → no Ray process left) ran its tasks on both workers: its stages exchanged files through S3 only,
-and the worker that ran its evaluate task was SIGKILLed: the task was retried on the other one.
+and the worker that ran its validate_evals task was SIGKILLed: the task was retried on the other one.
 """
 
 from __future__ import annotations
@@ -55,12 +55,13 @@ def test_the_promoted_run_ran_on_two_celery_workers_and_kept_its_files_on_s3(air
 
 
 def test_a_task_whose_worker_died_is_retried_on_the_other_worker(airflow_stack, finished_run):
-    """The fixture SIGKILLed the Celery worker running the run's evaluate task (the worker, its pool, the
+    """The fixture SIGKILLed the Celery worker running the run's validate_evals task (the worker, its pool, the
     task's processes): the task stopped heartbeating, was failed after the stack's one-minute timeout and
     retried on the other worker, and the run went on to promote (its files whole: the test above)."""
     killed = finished_run["killed_worker"]
     assert killed in ("worker-a", "worker-b"), killed
-    path = f"/api/v2/dags/continuous_post_training/dagRuns/{finished_run['dag_run_id']}/taskInstances/evaluate/tries"
+    run = finished_run["dag_run_id"]
+    path = f"/api/v2/dags/continuous_post_training/dagRuns/{run}/taskInstances/{drills.KILLED_TASK}/tries"
     tries = {t["try_number"]: t for t in airflow_stack.client().get(path)["task_instances"]}
     assert tries[1]["hostname"] == killed and tries[1]["state"] == "failed", tries[1]
     assert tries[2]["state"] == "success" and tries[2]["hostname"] not in ("", None, killed), tries[2]
