@@ -12,33 +12,15 @@ and weight sync (metrics.jsonl); the async arm's rollout wait is near zero when 
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
-from pathlib import Path
 
-from lora import arm
-from seeds import ROOT, run_cli
+from lora import arm, arms_parser, starting_point
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--init", help="the champion both arms start from (default: bootstrap one into --out)")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--out", default=str(ROOT / "runs" / "async"))
-    ap.add_argument(
-        "--set",
-        action="append",
-        default=["grpo.steps=10"],
-        metavar="SECTION.FIELD=VALUE",
-        help="for every command of both arms (default grpo.steps=10)",
-    )
-    args = ap.parse_args(argv)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    champion = Path(args.init) if args.init else out / "champion"
-    if not (champion / "config.json").exists():
-        run_cli(args, "bootstrap", "--out", str(champion), threads=args.threads)
+    args = arms_parser(__doc__, "async").parse_args(argv)
+    out, champion = starting_point(args)
     sync = arm(args, "sync", [], champion, out)
     ahead = arm(args, "async", ["grpo.async.max_staleness=1"], champion, out)
     ratio = round(sync["step_s"] / ahead["step_s"], 3) if ahead["step_s"] else None

@@ -54,12 +54,13 @@ def arm(args, name: str, sets: list[str], champion: Path, out: Path) -> dict:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def arms_parser(doc: str, name: str) -> argparse.ArgumentParser:
+    """The options every two-arm bench shares (this one and bench/async_grpo.py): the champion, threads, the
+    output directory runs/<name>, and --set pairs for every command of both arms."""
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
     ap.add_argument("--init", help="the champion both arms start from (default: bootstrap one into --out)")
-    ap.add_argument("--rank", type=int, default=8, help="grpo.lora.rank of the LoRA arm")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--out", default=str(ROOT / "runs" / "lora"))
+    ap.add_argument("--out", default=str(ROOT / "runs" / name))
     ap.add_argument(
         "--set",
         action="append",
@@ -67,6 +68,22 @@ def main(argv: list[str] | None = None) -> int:
         metavar="SECTION.FIELD=VALUE",
         help="for every command of both arms (default grpo.steps=10)",
     )
+    return ap
+
+
+def starting_point(args) -> tuple[Path, Path]:
+    """(output directory, champion): --init, or a champion bootstrapped into the output directory once."""
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    champion = Path(args.init) if args.init else out / "champion"
+    if not (champion / "config.json").exists():
+        run_cli(args, "bootstrap", "--out", str(champion), threads=args.threads)
+    return out, champion
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = arms_parser(__doc__, "lora")
+    ap.add_argument("--rank", type=int, default=8, help="grpo.lora.rank of the LoRA arm")
     ap.add_argument(
         "--lora-set",
         action="append",
@@ -75,11 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         help="for the LoRA arm's training only",
     )
     args = ap.parse_args(argv)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    champion = Path(args.init) if args.init else out / "champion"
-    if not (champion / "config.json").exists():
-        run_cli(args, "bootstrap", "--out", str(champion), threads=args.threads)
+    out, champion = starting_point(args)
     full = arm(args, "full", [], champion, out)
     lora = arm(args, "lora", [f"grpo.lora.rank={args.rank}", *args.lora_set], champion, out)
     ratio = {k: round(lora[k] / full[k], 4) if full[k] else None for k in ("sync_bytes", "sync_s", "train_s", "step_s")}
