@@ -37,7 +37,7 @@ from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, Too
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: run as a plain script
 from tasks.envs.base import ToolError
-from tasks.envs.desk import STRICT_FROM_VERSION, DeskService, _tool_bindings
+from tasks.envs.desk_service import DeskService, convention_of, tool_bindings
 from tasks.envs.toolset import load_toolset
 
 HANDLER_META = "evergreen/handler"  # a tool's x-evergreen-handler, carried in its _meta
@@ -60,8 +60,7 @@ class Served:
 def load(path: Path) -> Served:
     toolset = load_toolset(path)
     tools = toolset["tools"]
-    version = str(toolset["version"])
-    strict = version.isdigit() and int(version) >= STRICT_FROM_VERSION  # as desk's generate_tasks decides
+    convention = convention_of(toolset, unnumbered="any")  # as desk's generate_tasks decides
     served = [
         types.Tool(
             name=t["function"]["name"],
@@ -73,7 +72,7 @@ def load(path: Path) -> Served:
     ]
     validators = {t.name: Draft202012Validator(t.input_schema) for t in served}
     digest = hashlib.sha256(json.dumps([toolset["version"], tools], sort_keys=True).encode()).hexdigest()
-    return Served(toolset["version"], served, DeskService(_tool_bindings(tools), strict=strict), validators, digest)
+    return Served(toolset["version"], served, DeskService(tool_bindings(tools), convention), validators, digest)
 
 
 def refusal(text: str) -> types.CallToolResult:

@@ -53,7 +53,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from tasks.envs.base import ToolError, check_arguments, grounded_score, normalise_answer  # noqa: E402
-from tasks.envs.desk import STRICT_FROM_VERSION, DeskService, _tool_bindings  # noqa: E402
+from tasks.envs.desk_service import DeskService, convention_of, tool_bindings  # noqa: E402
 from tasks.envs.toolset import load_toolset  # noqa: E402
 
 COOKIE = "evergreen_session"
@@ -174,11 +174,7 @@ def create_app(
     clash = [t["function"]["name"] for t in tools if t["function"]["name"] in RESERVED]
     if clash:
         raise ValueError(f"tool names {clash} clash with the server's own routes {RESERVED}")
-    strict = (
-        toolset.get("version") is not None
-        and str(toolset["version"]).isdigit()
-        and int(toolset["version"]) >= STRICT_FROM_VERSION
-    )
+    convention = convention_of(toolset, unnumbered="any")
     interned: dict[bytes, tuple[dict, dict]] = {}  # (tools, bindings) JSON -> shared parsed copies
 
     def shared(task_tools: list, bindings: dict | None) -> tuple[dict, dict]:
@@ -186,11 +182,11 @@ def create_app(
         if key not in interned:
             if len(interned) > 1024:  # random-tool tasks (bootstrap) would grow it without bound
                 interned.clear()
-            interned[key] = ({t["function"]["name"]: t for t in task_tools}, bindings or _tool_bindings(task_tools))
+            interned[key] = ({t["function"]["name"]: t for t in task_tools}, bindings or tool_bindings(task_tools))
         return interned[key]
 
     default_tools, default_bindings = shared(tools, None)
-    stateless = Session(DeskService(default_bindings, strict), default_tools, None)
+    stateless = Session(DeskService(default_bindings, convention), default_tools, None)
     store = SessionStore(max_sessions, session_ttl_s)
     latency = latency_ms / 1000.0
     app = FastAPI(title="desk resources server", version=str(toolset.get("version")))
@@ -211,8 +207,10 @@ def create_app(
             if task:
                 data = task.get("data") or task.get("service") or {}  # Task.service was renamed to Task.data
                 by_name, bindings = shared(task["tools"], data.get("bindings"))
+                # a task names its convention (older ones only `strict`: v2's symbols); else the server's
+                given = data.get("convention") or {True: "symbols", False: "any"}.get(data.get("strict"))
                 service = DeskService(
-                    bindings, bool(data.get("strict", strict)), family=task.get("family"), solution=data.get("solution")
+                    bindings, given or convention, family=task.get("family"), solution=data.get("solution")
                 )
                 session = Session(service, by_name, task.get("expected"))
             else:

@@ -11,61 +11,40 @@ any case. Version 2 renames tools and arguments, retypes the calculator's operan
 visible in the schema) and, like many real API upgrades, becomes strict about canonical codes: symbols
 only, lowercase keys. The schema does not say so; the error messages do. A champion that learned both
 formats from v1 traffic therefore loses about half its v2 successes, and RL can win them back by trial
-and error while v1 (which accepts both) is unharmed.
+and error while v1 (which accepts both) is unharmed. Version 3 is a non-breaking change of v2 (new
+descriptions, an optional parameter); version 4 breaks again the other way (words, unit names,
+capitalised city names: tasks/envs/desk_service.py), which a model that learned v2's symbols fails
+almost entirely. The month-long timeline (tasks/timeline) ships them in that order.
 """
 
 from __future__ import annotations
 
-import math
 import random
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from tasks.envs.backends import InProcessSession
 from tasks.envs.base import SPLITS, GroundedVerifier, Task, ToolError, hash_split
+from tasks.envs.desk_service import (  # noqa: F401 (re-exported: the tables and the service are desk's)
+    CITIES,
+    COMMUTATIVE,
+    CONVERSIONS,
+    FAMILIES,
+    FIELDS,
+    OPS,
+    STRICT_FROM_VERSION,
+    UNITS,
+    DeskService,
+    convention_of,
+    tool_bindings,
+)
 from tasks.envs.toolset import load_toolset
 
 if TYPE_CHECKING:
     from tasks.envs import Environment
     from tasks.envs.base import Episode
 
-FAMILIES = ("calc", "convert", "lookup")
-OPS = {
-    "add": ("+", "plus", lambda a, b: a + b),
-    "sub": ("-", "minus", lambda a, b: a - b),
-    "mul": ("*", "times", lambda a, b: a * b),
-}
-COMMUTATIVE = ("add", "mul")
-UNITS = {  # symbol: (name, dimension, factor to the dimension's base unit)
-    "km": ("kilometers", "length", 1000),
-    "m": ("meters", "length", 1),
-    "cm": ("centimeters", "length", 0.01),
-    "kg": ("kilograms", "mass", 1000),
-    "g": ("grams", "mass", 1),
-    "h": ("hours", "time", 3600),
-    "min": ("minutes", "time", 60),
-    "s": ("seconds", "time", 1),
-    "l": ("liters", "volume", 1000),
-    "ml": ("milliliters", "volume", 1),
-}
-CONVERSIONS = [("km", "m"), ("m", "cm"), ("kg", "g"), ("h", "min"), ("min", "s"), ("l", "ml"), ("h", "s"), ("km", "cm")]
-CITIES = {
-    "oslo": (709037, "Norway", 23),
-    "lima": (10092000, "Peru", 154),
-    "rome": (2761632, "Italy", 21),
-    "cairo": (10107125, "Egypt", 23),
-    "quito": (2800388, "Ecuador", 2850),
-    "perth": (2192229, "Australia", 31),
-    "dakar": (1438725, "Senegal", 22),
-    "hanoi": (8053663, "Vietnam", 19),
-    "bern": (134794, "Switzerland", 540),
-    "lagos": (15388000, "Nigeria", 41),
-    "kyoto": (1463723, "Japan", 50),
-    "denver": (715522, "USA", 1609),
-}
-FIELDS = ("population", "country", "elevation")
-STRICT_FROM_VERSION = 2
 # Only 36 (city, field) pairs exist, so a split by plain hash may leave a city or a field without any
 # training pair (a policy could never learn it) or a split without lookups. This salt is the first whose
 # lookup split has every city and every field in train and every field in eval and in dev, at the nominal
@@ -146,135 +125,10 @@ _DESCRIPTIONS = {
 }
 
 
-def _tool_bindings(tools: list[dict]) -> dict:
-    """How each offered tool maps onto a desk handler: handler name and argument names in role order."""
-    out = {}
-    for t in tools:
-        handler = t.get("x-evergreen-handler")
-        if handler not in FAMILIES:
-            raise ValueError(
-                f"tool {t['function']['name']!r} has x-evergreen-handler={handler!r}; use one of {FAMILIES}"
-            )
-        out[t["function"]["name"]] = {"handler": handler, "args": list(t["function"]["parameters"]["properties"])}
-    return out
-
-
-class DeskService:
-    """Executes desk tool calls; `strict` is the toolset-v2 behaviour (canonical codes only).
-
-    `family` and `solution` (the generator's canonical values) let `solves` tell a call that solves the
-    task from one that only returns the right value (an echo such as answer + 0 or km -> km)."""
-
-    def __init__(self, bindings: dict, strict: bool, family: str | None = None, solution: list | None = None):
-        self.bindings, self.strict, self.family, self.solution = bindings, strict, family, solution
-
-    def __call__(self, name: str, arguments: dict) -> str:
-        return getattr(self, "_" + self.bindings[name]["handler"])(*self.canonical(name, arguments))
-
-    def canonical(self, name: str, arguments: dict) -> list:
-        """The call's values in role order as the service reads them (op key, unit symbol, city key,
-        numbers); raises ToolError for a value it refuses."""
-        binding = self.bindings[name]
-        values = [arguments[a] for a in binding["args"]]
-        if binding["handler"] == "calc":
-            op = self._op(values[2])
-            return [self._int(values[0]), self._int(values[1]), op]
-        if binding["handler"] == "convert":
-            s, d = self._unit(values[1]), self._unit(values[2])
-            if UNITS[s][1] != UNITS[d][1]:
-                raise ToolError(f"cannot convert {UNITS[s][1]} ({s}) to {UNITS[d][1]} ({d})")
-            return [self._number(values[0]), s, d]
-        return [self._city(values[0]), self._field(values[1])]
-
-    def solves(self, name: str, arguments: dict) -> bool:
-        """Whether the call's canonical values are the task's solution (add and mul in either order)."""
-        if self.solution is None or self.bindings.get(name, {}).get("handler") != self.family:
-            return False
-        try:
-            got = self.canonical(name, arguments)
-        except (ToolError, KeyError):
-            return False
-        want = list(self.solution)
-        return got == want or (self.family == "calc" and want[2] in COMMUTATIVE and got == [want[1], want[0], want[2]])
-
-    @staticmethod
-    def _int(v: Any) -> int:
-        try:
-            return int(str(v).strip())
-        except ValueError:
-            raise ToolError(f"'{v}' is not an integer") from None
-
-    @staticmethod
-    def _number(v: Any) -> int | float:
-        try:
-            x = float(v)
-        except (TypeError, ValueError):
-            raise ToolError(f"'{v}' is not a number") from None
-        except OverflowError:  # an integer of hundreds of digits
-            x = math.inf
-        if not math.isfinite(x):
-            raise ToolError(f"'{str(v)[:20]}' is not a finite number")
-        return int(x) if x.is_integer() and abs(x) < 2**53 else x
-
-    def _op(self, op: Any) -> str:
-        op = str(op).strip()
-        key = next((k for k, (sym, _, _) in OPS.items() if op == sym or (not self.strict and op.lower() == k)), None)
-        if key is None:
-            allowed = " ".join(s for s, _, _ in OPS.values())
-            raise ToolError(
-                f"operator '{op}' is not supported; use one of {allowed}"
-                if self.strict
-                else f"op '{op}' is not supported; use add, sub or mul"
-            )
-        return key
-
-    def _unit(self, u: str) -> str:
-        u = str(u).strip()
-        if u in UNITS:
-            return u
-        by_name = {name: sym for sym, (name, _, _) in UNITS.items()}
-        if not self.strict and u.lower() in by_name:
-            return by_name[u.lower()]
-        raise ToolError(
-            f"unknown unit '{u}'; units are symbols such as km, kg, min" if self.strict else f"unknown unit '{u}'"
-        )
-
-    def _city(self, city: Any) -> str:
-        key = str(city).strip()
-        if not self.strict:
-            key = key.lower()
-        if key not in CITIES:
-            hint = f"; keys are lowercase, e.g. '{key.lower()}'" if self.strict and key.lower() in CITIES else ""
-            raise ToolError(f"no city '{city}'{hint}")
-        return key
-
-    @staticmethod
-    def _field(fieldname: Any) -> str:
-        if fieldname not in FIELDS:
-            raise ToolError(f"unknown field '{fieldname}'; fields: {', '.join(FIELDS)}")
-        return fieldname
-
-    # handlers take canonical values
-    @staticmethod
-    def _calc(a: int, b: int, op: str) -> str:
-        return str(OPS[op][2](a, b))
-
-    @staticmethod
-    def _convert(value: int | float, s: str, d: str) -> str:
-        out = value * UNITS[s][2] / UNITS[d][2]
-        if not math.isfinite(out):
-            raise ToolError(f"{value} {s} in {d} is out of range")
-        return str(int(round(out))) if abs(out - round(out)) < 1e-9 else f"{out:g}"
-
-    @staticmethod
-    def _lookup(city: str, fieldname: str) -> str:
-        return str(CITIES[city][FIELDS.index(fieldname)])
-
-
 def make_service(task: Task) -> DeskService:
-    return DeskService(
-        task.data["bindings"], strict=task.data["strict"], family=task.family, solution=task.data.get("solution")
-    )
+    # tasks written before conventions carry only `strict` (v2's symbols)
+    convention = task.data.get("convention") or ("symbols" if task.data["strict"] else "any")
+    return DeskService(task.data["bindings"], convention, family=task.family, solution=task.data.get("solution"))
 
 
 def open_session(task: Task) -> InProcessSession:
@@ -415,7 +269,7 @@ def generate_tasks(
         tools = toolset["tools"] if toolset else _random_tools(rng)
         if offer == "routed":
             tools = [t for t in tools if t.get("x-evergreen-handler") == family]
-        strict = toolset is not None and int(toolset["version"]) >= STRICT_FROM_VERSION
+        convention = convention_of(toolset) if toolset is not None else "any"
         out.append(
             Task(
                 task_id=f"desk-r{version}-s{seed}-{i}" if split is None else f"desk-r{version}-{split}-s{seed}-{i}",
@@ -425,8 +279,9 @@ def generate_tasks(
                 tools=tools,
                 expected=sol["expected"],
                 data={
-                    "strict": strict,
-                    "bindings": _tool_bindings(tools),
+                    "strict": convention != "any",
+                    "convention": convention,
+                    "bindings": tool_bindings(tools),
                     "solution": sol["values"],
                     "content": list(content_key(family, sol["values"])),
                 },
@@ -459,9 +314,7 @@ def task_from_trace(trace: dict, toolset: dict) -> Task | None:
         expected = getattr(DeskService, "_" + family)(*values)
     except ToolError:  # e.g. a conversion out of float range
         return None
-    version = str(toolset.get("version"))
-    # a version that is no number (a served or hand-made toolset) is newer than the lenient v1: strict
-    strict = not version.isdigit() or int(version) >= STRICT_FROM_VERSION
+    convention = convention_of(toolset)  # a version that is no number (a served toolset) is strict
     return Task(
         task_id=f"desk-prod-{trace_id}",
         env="desk",
@@ -470,8 +323,9 @@ def task_from_trace(trace: dict, toolset: dict) -> Task | None:
         tools=tools,
         expected=expected,
         data={
-            "strict": strict,
-            "bindings": _tool_bindings(tools),
+            "strict": convention != "any",
+            "convention": convention,
+            "bindings": tool_bindings(tools),
             "solution": values,
             "content": list(content_key(family, values)),
             "trace_id": trace_id,
@@ -489,6 +343,7 @@ def demonstration(task: Task, rng: random.Random) -> list[dict]:
     """
     tool = next(t for t in task.tools if t["x-evergreen-handler"] == task.family)
     props = tool["function"]["parameters"]["properties"]
+    roles = task.data["bindings"][tool["function"]["name"]]["args"]  # the required ones: an optional one is left out
     values = list(task.data["solution"])
     if task.family == "calc":
         values[2] = rng.choice([values[2], OPS[values[2]][0]])
@@ -497,10 +352,10 @@ def demonstration(task: Task, rng: random.Random) -> list[dict]:
     else:
         values[0] = rng.choice([values[0], values[0].title()])
     args = {}
-    for (name, spec), v in zip(props.items(), values, strict=True):
-        args[name] = str(v) if spec["type"] == "string" else v
+    for name, v in zip(roles, values, strict=True):
+        args[name] = str(v) if props[name]["type"] == "string" else v
     name = tool["function"]["name"]
-    result = DeskService(task.data["bindings"], strict=False)(name, args)
+    result = DeskService(task.data["bindings"], "any")(name, args)
     call = {
         "role": "assistant",
         "content": "",

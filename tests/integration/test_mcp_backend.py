@@ -23,7 +23,7 @@ import pytest
 
 from tasks.envs.backends import InProcessSession
 from tasks.envs.base import ToolError
-from tasks.envs.desk import DeskService, _tool_bindings
+from tasks.envs.desk_service import DeskService, tool_bindings
 from tasks.envs.mcp_backend import MCPBackend, ToolsChangedUnsupported
 from tasks.envs.toolset import load_toolset
 from tasks.net import free_port, port_busy
@@ -141,7 +141,7 @@ def test_list_tools_is_the_toolset(served):
 
 def test_calls_answer_as_the_desk_does_in_process(served):
     tools = load_toolset(V2)["tools"]
-    reference = InProcessSession(DeskService(_tool_bindings(tools), strict=True), (ToolError,))
+    reference = InProcessSession(DeskService(tool_bindings(tools), "symbols"), (ToolError,))
     calls = [
         ("calculate", ADD),
         ("calculate", {"x": "7", "y": "5", "operator": "*"}),

@@ -299,7 +299,7 @@ def test_prompt_injection_in_city_name_is_data():
 
 def test_v1_service_accepts_words_and_symbols():
     svc = make_service(ALL1[0])
-    assert isinstance(svc, DeskService) and not svc.strict
+    assert isinstance(svc, DeskService) and svc.convention == "any"
     assert svc("calculator", {"a": 2, "b": 3, "op": "add"}) == "5"
     assert svc("calculator", {"a": 2, "b": 3, "op": "+"}) == "5"
     assert svc("calculator", {"a": 7, "b": 3, "op": "SUB"}) == "4"
@@ -367,7 +367,7 @@ def test_v2_strict_accepts_canonical_forms_and_retry_succeeds():
     # the refused first call costs its validity share: 0.1 * 1 + 0.1 * 1/2 + 0.8
     assert s["success"] and s["reward"] == pytest.approx(0.95) and s["tool_errors"] == 1
     svc = make_service(ALL2[0])
-    assert svc.strict
+    assert svc.convention == "symbols"
     assert svc("calculate", {"x": "49", "y": "62", "operator": "+"}) == "111"
     assert svc("calculate", {"x": " 7", "y": "3", "operator": "-"}) == "4"
     assert svc("city_facts", {"name": "oslo", "attribute": "elevation"}) == "23"
