@@ -6,6 +6,7 @@
     python -m tasks rollout --model runs/local/champion --toolset 2 --tasks 8 --out runs/local/rollouts
     python -m tasks train --init runs/local/champion --run-dir runs/local/grpo
     python -m tasks demo                                           # the DAGs' stages in one process
+    python -m tasks timeline [--out DIR]                           # a simulated month, four retraining policies
     python -m tasks serve [--port 8000] [--model URI]              # vLLM's OpenAI server on the champion
     python -m tasks --set grpo.steps=5 settings                    # the effective settings, as JSON
     python -m tasks ingest --input PATH --output DIR               # traces -> accepted + quarantine + GX docs
@@ -89,6 +90,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", help="a model URI or directory (default models:/<promotion.model_name>@champion)")
     sub.add_parser("settings", help="print the effective settings (file, EVERGREEN_* variables, --set) as JSON")
     sub.add_parser("demo", help="the DAGs' stages in one process: bootstrap, simulate, signals, GRPO, evals, gate")
+    p = sub.add_parser("timeline", help="a simulated month: never / nightly / nightly gated / Evergreen retraining")
+    p.add_argument("--out", help="where its files go (default <run_dir>/timeline); a rerun resumes after the last day")
+    p.add_argument("--report-only", action="store_true", help="rewrite the report from the days written so far")
     from tasks.signals import cli as signals_cli
 
     signals_cli.add_parsers(sub)
@@ -152,6 +156,10 @@ def _command(args: argparse.Namespace, settings: Settings) -> int:
         from tasks.stages.models import sft_champion
 
         print(json.dumps(sft_champion(settings, args.out)))
+    elif args.command == "timeline":
+        from tasks.timeline.run import run_timeline
+
+        print(json.dumps(run_timeline(settings, args.out, report_only=args.report_only), default=str))
     elif args.command == "demo":
         from tasks.stages.demo import run_demo
 

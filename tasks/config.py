@@ -39,6 +39,7 @@ from tasks.config_deployment import (
     PromotionSettings,
     RaySettings,
     SimulateSettings,
+    TimelineSettings,
     TrackingSettings,
 )
 from tasks.config_sections import (
@@ -86,6 +87,7 @@ class Settings(_Section):
     ray: RaySettings = RaySettings()
     monitor: MonitorSettings = MonitorSettings()
     orchestration: OrchestrationSettings = OrchestrationSettings()
+    timeline: TimelineSettings = TimelineSettings()
 
     @property
     def collective_sync(self) -> bool:

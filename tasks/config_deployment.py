@@ -143,6 +143,12 @@ class RaySettings(_Section):
     kuberay_namespace: str = Field("evergreen", description="namespace of the RayClusters the DAG creates")
     kuberay_image: str | None = Field(None, description="image for every Ray container (None: the manifest's)")
     job_timeout_s: int = Field(7200, ge=60, description="a Ray job (GRPO) that runs longer is stopped and fails")
+    engine_namespace: str | None = Field(
+        None,
+        description="a Ray namespace whose rollout engines outlive a run: runs on a cluster that outlives them "
+        "reuse its engines (loading the weights each stage needs) and leave them running; None: each run "
+        "starts its own engines and its evals stop them",
+    )
 
     @model_validator(mode="after")
     def _backend_needs(self) -> RaySettings:
@@ -171,3 +177,99 @@ class MonitorSettings(_Section):
         "mlflow:EXPERIMENT (MLflow Tracing) or otel:FILE.json (an OTLP JSON GenAI span export)",
     )
     window_days: int = Field(1, ge=1, le=31, description="the current window: this many whole days before the run")
+
+
+class ToolsetChange(_Section):
+    day: int = Field(ge=0, description="day of the timeline (0 = its first) from which production serves `toolset`")
+    toolset: str = Field(description="a toolset version the environment ships (desk: 1-4)")
+
+
+class MixShift(_Section):
+    start_day: int = Field(ge=0, description="first day of the gradual shift of the workload mix")
+    days: int = Field(7, ge=1, description="days over which the mix moves linearly from even to `to`")
+    to: dict[str, float] = Field(
+        description="the workload mix at the end of the shift (weights per workload, normalised; a workload not "
+        "named keeps weight 0)"
+    )
+
+
+Policy = Literal["never", "nightly", "nightly_gated", "evergreen"]
+
+
+def _every_policy() -> list[Policy]:
+    return ["never", "nightly", "nightly_gated", "evergreen"]
+
+
+def _retrain_overrides() -> dict[str, object]:
+    return {
+        "grpo.steps": 8,
+        "grpo.tasks_per_step": 8,
+        "grpo.checkpoint_every": 4,
+        "grpo.validation_tasks": 0,
+        "eval.num_tasks": 60,
+        "eval.samples": 2,
+    }
+
+
+class TimelineSettings(_Section):
+    """`python -m tasks timeline` (tasks/timeline): a simulated month of production, the same for every policy."""
+
+    days: int = Field(30, ge=2, description="simulated days")
+    start: str = Field("2026-11-02", description="the first simulated day's date (YYYY-MM-DD): traces are dated by it")
+    traces_per_day: int = Field(
+        600, ge=30, description="production episodes a day, run by the deployed model (greedy, as it is served)"
+    )
+    toolsets: list[ToolsetChange] = Field(
+        default_factory=lambda: [
+            ToolsetChange(day=0, toolset="1"),
+            ToolsetChange(day=5, toolset="2"),
+            ToolsetChange(day=12, toolset="3"),
+            ToolsetChange(day=22, toolset="4"),
+        ],
+        description="what production serves from which day: desk's v2 and v4 are breaking changes, v3 a "
+        "non-breaking one (new descriptions, an optional parameter); the first entry must be day 0",
+    )
+    mix_shift: MixShift | None = Field(
+        MixShift(start_day=15, days=7, to={"calc": 0.6, "convert": 0.2, "lookup": 0.2}),
+        description="a gradual change of the workload mix; null: an even mix all month",
+    )
+    malformed_day: int | None = Field(
+        19, ge=0, description="the day a broken client sends malformed traffic (null: none)"
+    )
+    malformed_share: float = Field(
+        0.3, ge=0, lt=1, description="share of that day's trace lines that are malformed (ingest quarantines them)"
+    )
+    background_malformed_share: float = Field(0.01, ge=0, lt=1, description="share of malformed lines on other days")
+    policies: list[Policy] = Field(
+        default_factory=_every_policy,
+        description="never: never retrain; nightly: retrain and promote every night (no gate); nightly_gated: "
+        "retrain every night, promote through the gate; evergreen: the drift monitor and tool diff decide when "
+        "to retrain, the gate and its cost threshold what ships",
+    )
+    retrain: dict[str, object] = Field(
+        default_factory=_retrain_overrides,
+        description="overrides ({section.field: value}) of every retrain, the same for every policy: what is "
+        "scaled down from the demo's run so that the month fits (the report says so)",
+    )
+    champion: str | None = Field(
+        None, description="the first champion (a model directory); null: SFT one with the bootstrap settings"
+    )
+    fix_tolerance: float = Field(
+        0.1,
+        ge=0,
+        lt=1,
+        description="a breaking change counts as fixed once the deployed model's daily success is back within this "
+        "of the champion's success before the first change",
+    )
+
+    @model_validator(mode="after")
+    def _events_in_range(self) -> TimelineSettings:
+        days = sorted(c.day for c in self.toolsets)
+        if not days or days[0] != 0:
+            raise ValueError("timeline.toolsets must start with a change at day 0 (what production serves first)")
+        if len(set(days)) != len(days):
+            raise ValueError("timeline.toolsets names one day twice: give each day at most one toolset")
+        late = [d for d in [*days, self.malformed_day] if d is not None and d >= self.days]
+        if late:
+            raise ValueError(f"timeline event day(s) {late} are past the last day ({self.days - 1}): lower them")
+        return self

@@ -270,6 +270,20 @@ def local_temp_dir(run_key: str) -> str:
     return f"/tmp/eg-ray-{hashlib.sha1(run_key.encode()).hexdigest()[:8]}"
 
 
+def hold_token(name: str) -> Path:
+    """One Ray auth token for every local head this process starts (start_local_head keeps a held one), set
+    before anything here imports Ray: Ray reads the token once, at import, and vLLM imports Ray when an engine
+    is built. A process that builds an engine and then starts heads (tasks/timeline) calls this first. The
+    token's directory is named for `name`, never for a run: a run's teardown finds its head's processes by
+    their token path, and must not find the process that holds it."""
+    held = os.environ.get("RAY_AUTH_TOKEN_PATH")
+    if os.environ.get("RAY_AUTH_MODE") == "token" and held and Path(held).exists():
+        return Path(held)
+    path = new_token(private_dir(Path(f"/tmp/eg-{name}.auth")) / "auth_token")
+    os.environ.update({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(path)})
+    return path
+
+
 def setup_local_cluster(settings: Settings, run_key: str, num_cpus: int | None = None) -> dict:
     """A fresh local head for one run (a half-up head of an earlier try is stopped first); returns the
     cluster description (tasks.stages.contracts.ClusterInfo) drivers and jobs connect with."""

@@ -37,6 +37,9 @@ from tasks.storage import write_atomic
 
 if TYPE_CHECKING:
     from tasks.config import Settings
+    from tasks.envs import Environment
+    from tasks.envs.base import Task
+    from tasks.policy.backends import VLLMBackend
 
 log = logging.getLogger(__name__)
 SLIP_RATE = 0.08  # the scripted agent gives up this often even after a good tool result (production is never perfect)
@@ -119,21 +122,60 @@ def _run_scripted(episodes: list[Episode], seed: int) -> None:
         ep.add_message({"role": "assistant", "content": answer})
 
 
-def _run_model(episodes: list[Episode], model_dir: str, settings: Settings, seed: int) -> None:
+def _run_model(
+    episodes: list[Episode],
+    model_dir: str,
+    settings: Settings,
+    seed: int,
+    temperature: float | None = None,
+    backend: VLLMBackend | None = None,
+) -> None:
+    """The episodes through vLLM: on `backend` with the model's weights loaded into it (an engine kept across
+    calls, as the timeline keeps one), else on an engine built for this call and freed after it."""
     from tasks.policy.backends import Sampling, VLLMBackend
 
-    backend = VLLMBackend(
+    sampling = Sampling(temperature=settings.rollout.temperature if temperature is None else temperature, seed=seed)
+    if backend is not None:
+        from safetensors.torch import load_file
+
+        backend.load_weights(load_file(str(Path(model_dir) / "model.safetensors")))
+        backend.run_episodes(episodes, sampling)
+        return
+    engine = VLLMBackend(
         model_dir,
         max_len=settings.model.max_len,
         kv_cache_mb=settings.rollout.kv_cache_mb,
         seed=seed,
         dtype=settings.model.dtype,
     )
-    backend.run_episodes(episodes, Sampling(temperature=settings.rollout.temperature, seed=seed))
-    del backend
+    engine.run_episodes(episodes, sampling)
+    del engine
     import gc
 
     gc.collect()  # the engine's KV cache is freed now, before the caller builds its own engines
+
+
+def tasks_in_mix(env: Environment, n: int, seed: int, toolset: dict, mix: dict[str, float] | None) -> list[Task]:
+    """`n` production tasks on `toolset`, workloads in the proportions `mix` (None: the environment's own
+    order). Drawn from a larger pool of the environment's tasks by family, so any environment's generator
+    serves; the quotas are the largest remainders of n x weight."""
+    if not mix:
+        return env.generate_tasks(n, seed, toolset)
+    total = sum(mix.values())
+    exact = {f: n * w / total for f, w in mix.items()}
+    quota = {f: int(x) for f, x in exact.items()}
+    for f in sorted(exact, key=lambda f: quota[f] - exact[f])[: n - sum(quota.values())]:
+        quota[f] += 1
+    pool = env.generate_tasks(max(3, len(mix)) * n, seed, toolset)
+    by_family: dict[str, list[Task]] = {}
+    for task in pool:
+        by_family.setdefault(task.family, []).append(task)
+    short = [f for f, k in quota.items() if len(by_family.get(f, [])) < k]
+    if short:
+        raise ValueError(f"mix names workloads {short} that environment {env.name!r} does not generate enough of")
+    chosen = [t for f, k in quota.items() for t in by_family[f][:k]]
+    random.Random(seed).shuffle(chosen)
+    return chosen
 
 
 def _malform(kind: str, line: bytes, previous: bytes | None, now: datetime) -> bytes:
@@ -166,8 +208,13 @@ def simulate_traces(
     malformed_share: float = 0.0,
     seed: int = 0,
     model_version: str = "champion",
+    mix: dict[str, float] | None = None,
+    temperature: float | None = None,
+    backend: VLLMBackend | None = None,
 ) -> dict:
-    """Write `n_traces` lines between start and end; returns (and writes) the manifest."""
+    """Write `n_traces` lines between start and end; returns (and writes) the manifest. `mix`: workload
+    weights (tasks_in_mix); `temperature`: the model's sampling temperature (default rollout.temperature,
+    0 greedy); `backend`: a vLLM engine to load the model's weights into instead of building one."""
     if not schedule:
         raise ValueError("schedule is empty: give at least [(start, toolset_version)]")
     if policy != "scripted" and settings is None:
@@ -193,7 +240,7 @@ def simulate_traces(
     for version in sorted(set(versions)):
         idx = [i for i, v in enumerate(versions) if v == version]
         env = get_env(settings.env.name if settings is not None else EnvSettings.model_fields["name"].default)
-        tasks = env.generate_tasks(len(idx), seed * 7919 + int(version), env.load_toolset(version))
+        tasks = tasks_in_mix(env, len(idx), seed * 7919 + int(version), env.load_toolset(version), mix)
         for i, task in zip(idx, tasks, strict=True):
             task.data["registry_version"] = version
             episodes[i] = new_episode(task, chat, **limits)
@@ -202,7 +249,7 @@ def simulate_traces(
         _run_scripted(episodes, seed)
     else:
         assert settings is not None  # checked above
-        _run_model(episodes, policy, settings, seed)
+        _run_model(episodes, policy, settings, seed, temperature, backend)
 
     out = Path(out_dir)
     files: dict[str, gzip.GzipFile] = {}
@@ -240,6 +287,11 @@ def simulate_traces(
         "malformed": dict(malformed),
         "valid": n_traces - sum(malformed.values()),
         "success_rate": {v: successes[(v, True)] / max(1, versions.count(v)) for v in sorted(set(versions))},
+        "workloads": {
+            f: {"episodes": len(got), "success_rate": sum(got) / len(got)}
+            for f in sorted({ep.task.family for ep in episodes})
+            for got in [[ep.score()["success"] for ep in episodes if ep.task.family == f]]
+        },
         "days": sorted(files),
     }
     write_atomic(out / "manifest.json", json.dumps(manifest, indent=1))

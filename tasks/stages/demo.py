@@ -82,7 +82,6 @@ class Workers:
 def run_demo(settings: Settings, fresh: bool = True) -> RunSummary:
     """The whole loop; returns the run's RunSummary (also in <run_dir>/continuous_post_training/<run>/)."""
     from tasks.stages import models, report, signals
-    from tasks.stages.contracts import RunSummary
     from tasks.stages.simulate import simulate_production
     from tasks.storage import is_s3
 
@@ -101,32 +100,52 @@ def run_demo(settings: Settings, fresh: bool = True) -> RunSummary:
     )
     trigger = {"kind": "cli", "asset_events": events, "params": {}}
 
-    workers = Workers(settings, "continuous_post_training", run_id)
-    workers.run(report.open_run, trigger)
-    try:
-        _train_or_skip(workers, trigger)
-    finally:  # like the DAG's summarize (trigger rule all_done): a failed run is summarized as failed
-        workers.run(report.summarize)
-    rd = workers.rd()
-    rd.pull()
-    summary = RunSummary.model_validate_json((rd.path / "summary.json").read_text())
+    summary = post_training_run(Workers(settings, "continuous_post_training", run_id), trigger)
     print(report.format_summary(summary), flush=True)
     return summary
 
 
-def _train_or_skip(workers: Workers, trigger: dict) -> None:
+def post_training_run(
+    workers: Workers,
+    trigger: dict,
+    force: bool = False,
+    window: str | None = None,
+    forced_promotion: str = "",
+    cluster: dict | None = None,
+) -> RunSummary:
+    """One continuous_post_training run, its stages in the DAG's order; its RunSummary. `force`: train even
+    without drift (the DAG's param); `window`: the production window validate_data reads (default: yesterday);
+    `forced_promotion`: promote whatever the gate says, with this reason (a policy without a gate); `cluster`:
+    a running local head to use and leave running (ClusterInfo; the timeline's head of the day) instead of
+    one started for the run and stopped after it."""
+    from tasks.stages import report
+    from tasks.stages.contracts import RunSummary
+
+    workers.run(report.open_run, trigger)
+    try:
+        _train_or_skip(workers, trigger, force, window, forced_promotion, cluster)
+    finally:  # like the DAG's summarize (trigger rule all_done): a failed run is summarized as failed
+        workers.run(report.summarize)
+    rd = workers.rd()
+    rd.pull()
+    return RunSummary.model_validate_json((rd.path / "summary.json").read_text())
+
+
+def _train_or_skip(
+    workers: Workers, trigger: dict, force: bool, window: str | None, forced_promotion: str, cluster: dict | None
+) -> None:
     from tasks.rl.cluster import setup_local_cluster, teardown_local_cluster
     from tasks.stages import evaluation, promotion, rollouts, signals, training
     from tasks.stages.simulate import child_env, stream
 
-    workers.run(signals.validate_data)
-    if not workers.run(signals.should_train, trigger)["train"]:
+    workers.run(signals.validate_data, window)
+    if not workers.run(signals.should_train, trigger, force)["train"]:
         workers.run(signals.skip)
         return
     for toolset in rollouts.toolsets(workers.settings):
         workers.run(rollouts.build_tasks, toolset)
     run_key = f"{workers.dag_id}/{workers.run_id}"
-    workers.run(lambda s, rd: rd.write(setup_local_cluster(s, run_key), "cluster.json"))
+    workers.run(lambda s, rd: rd.write(cluster or setup_local_cluster(s, run_key), "cluster.json"))
     try:
         for shard in rollouts.PROBE_SHARDS:
             workers.run(rollouts.probe_rollouts, shard, len(rollouts.PROBE_SHARDS))
@@ -135,7 +154,11 @@ def _train_or_skip(workers: Workers, trigger: dict) -> None:
         workers.run(training.record_training, {"job_id": "local-process"})
         for stage in (evaluation.evaluate, evaluation.validate_evals):
             workers.run(stage)
-        for stage in (promotion.cost, promotion.gate, promotion.move_aliases):
-            workers.run(stage)
+        workers.run(promotion.cost)
+        workers.run(promotion.gate)
+        if forced_promotion:
+            workers.run(promotion.force_promotion, forced_promotion)
+        workers.run(promotion.move_aliases)
     finally:
-        teardown_local_cluster(run_key)
+        if cluster is None:
+            teardown_local_cluster(run_key)

@@ -31,7 +31,8 @@ def challenger_version(rd: RunDir) -> int:
 
 def evaluate(settings: Settings, rd: RunDir) -> dict:
     """Champion, then challenger, on every toolset's held-out tasks, on the run's engines (the ones the
-    probes started and GRPO trained with; started here if gone), which are stopped at the end. Each model's
+    probes started and GRPO trained with; started here if gone), which are stopped at the end (unless
+    ray.engine_namespace keeps them for later runs). Each model's
     weights are loaded into them (`RolloutPool.load_weights`, through the object store): both meet the same
     engines and configuration, and no second set is built."""
     from safetensors.torch import load_file
@@ -49,7 +50,7 @@ def evaluate(settings: Settings, rd: RunDir) -> dict:
     champ = champion_dir(settings, rd)
     try:
         pool = RolloutPool(
-            champ, settings, actors=start_rollout_actors(champ, settings, namespace=engine_namespace(rd))
+            champ, settings, actors=start_rollout_actors(champ, settings, namespace=engine_namespace(settings, rd))
         )
         for who, (weights, version) in {
             "champion": (champ / "model.safetensors", 0),
@@ -77,7 +78,8 @@ def evaluate(settings: Settings, rd: RunDir) -> dict:
                     out[who][toolset]["sampled"],
                 )
         pids = pool.engine_pids()
-        pool.shutdown()
+        if not settings.ray.engine_namespace:  # engines named by the deployment outlive the run
+            pool.shutdown()
     finally:
         ray.shutdown()
     rd.record_timing(

@@ -4,6 +4,7 @@ Usage:
 
     cost(settings, rd)           # cost.json: every stage's held resources priced, plus the serving change
     gate(settings, rd)           # decision.json: tasks.promotion.gate.decide, budget included
+    force_promotion(settings, rd, "why")   # promote whatever the gate said (it keeps the gate's checks)
     move_aliases(settings, rd)   # register the challenger; move champion/previous on promote
     rollback(settings, rd, confirm=True, reason="...")   # champion := previous
 """
@@ -79,6 +80,25 @@ def gate(settings: Settings, rd: RunDir) -> dict:
     for check in decision.checks:
         log.info("  %s %s: %s", "ok  " if check["passed"] else "FAIL", check["name"], check["reason"])
     return {"promote": decision.promote, "reasons": decision.reasons}
+
+
+def force_promotion(settings: Settings, rd: RunDir, reason: str) -> dict:
+    """Rewrite the gate's decision as a promotion, keeping every check it made (what it would have said is in
+    `checks` and the summary): a manual override, or a policy that ships without a gate (tasks/timeline)."""
+    from tasks.stages.contracts import Decision
+
+    gate_said = Decision.model_validate(rd.read("decision.json"))
+    said = "promote" if gate_said.promote else "do not promote: " + "; ".join(gate_said.reasons)
+    forced = gate_said.model_copy(
+        update={
+            "promote": True,
+            "reasons": [f"forced ({reason}); the gate said {said}"],
+            "summary": f"forced: {reason}",
+        }
+    )
+    rd.write(forced.to_dict(), "decision.json")
+    log.warning("promotion forced (%s); the gate said %s", reason, said)
+    return {"promote": True, "gate_promote": gate_said.promote}
 
 
 def move_aliases(settings: Settings, rd: RunDir) -> dict:

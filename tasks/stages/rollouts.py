@@ -143,11 +143,12 @@ def connect(settings: Settings, rd: RunDir) -> Any:
     return ray_connect(settings.model_copy(update={"ray": settings.ray.model_copy(update={"address": info.address})}))
 
 
-def engine_namespace(rd: RunDir) -> str:
+def engine_namespace(settings: Settings, rd: RunDir) -> str:
     """The Ray namespace of a run's rollout engines (`rollout-<i>`, tasks.rl.rollout.start_rollout_actors):
     the probes start them, the GRPO job and the evals reuse them, the evals stop them. An engine takes
-    25-45 s to start here; building one set per stage cost the demo about 1.5 minutes."""
-    return f"evergreen-engines-{rd.path.name}"
+    25-45 s to start here; building one set per stage cost the demo about 1.5 minutes. ray.engine_namespace
+    names engines that outlive the run (the timeline's runs of one day share them)."""
+    return settings.ray.engine_namespace or f"evergreen-engines-{rd.path.name}"
 
 
 def probe_rollouts(settings: Settings, rd: RunDir, shard: int, num_shards: int) -> dict:
@@ -172,7 +173,7 @@ def probe_rollouts(settings: Settings, rd: RunDir, shard: int, num_shards: int) 
     try:
         tasks = training_tasks(settings, 0)[shard::num_shards]
         actors = start_rollout_actors(
-            champ, settings, indices=[shard], namespace=engine_namespace(rd) if kept else None
+            champ, settings, indices=[shard], namespace=engine_namespace(settings, rd) if kept else None
         )
         pool = RolloutPool(champ, one, actors=actors, first_core=shard)
         pool.load_weights(load_file(champ / "model.safetensors"), version=0)  # a rerun finds the engine as GRPO left it

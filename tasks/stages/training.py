@@ -160,7 +160,7 @@ def grpo_command(settings: Settings, rd: RunDir, fail_training_at_step: int | No
         "--run-dir",
         rd.uri_of(rd.path / "grpo"),
         "--engines",
-        engine_namespace(rd),
+        engine_namespace(settings, rd),
     ]
     if fail_training_at_step is not None:
         args += ["--fail-at-step", str(int(fail_training_at_step))]

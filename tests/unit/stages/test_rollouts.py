@@ -94,9 +94,11 @@ def test_cluster_of_reads_the_setup_file_or_names_the_task(tmp_path):
 def test_engine_namespace_is_one_per_run(tmp_path):
     settings = _settings(tmp_path)
     a, b = _rd(settings, "manual__a"), _rd(settings, "manual__b")
-    assert rollouts.engine_namespace(a) == rollouts.engine_namespace(_rd(settings, "manual__a"))
-    assert rollouts.engine_namespace(a) != rollouts.engine_namespace(b)
-    assert rollouts.engine_namespace(a).startswith("evergreen-engines-")
+    assert rollouts.engine_namespace(settings, a) == rollouts.engine_namespace(settings, _rd(settings, "manual__a"))
+    assert rollouts.engine_namespace(settings, a) != rollouts.engine_namespace(settings, b)
+    assert rollouts.engine_namespace(settings, a).startswith("evergreen-engines-")
+    shared = settings.model_copy(update={"ray": settings.ray.model_copy(update={"engine_namespace": "day-3"})})
+    assert rollouts.engine_namespace(shared, a) == rollouts.engine_namespace(shared, b) == "day-3"
 
 
 def test_a_served_toolset_is_pinned_to_what_the_run_read_first(tmp_path):

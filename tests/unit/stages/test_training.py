@@ -45,7 +45,7 @@ def test_the_job_trains_from_the_champion_into_the_run_dir_on_the_run_engines(tm
     assert args[args.index("train") - 2] == "--settings", "--settings is a global option: before the subcommand"
     assert _arg(args, "--init") == str(rd.path / "champion")
     assert _arg(args, "--run-dir") == str(rd.path / "grpo")
-    assert _arg(args, "--engines") == engine_namespace(rd)
+    assert _arg(args, "--engines") == engine_namespace(settings, rd)
     assert "--fail-at-step" not in args
     # the job's driver does not inherit the head's environment: auth comes with the job
     assert job["env_vars"] == {"RAY_TRAIN_V2_ENABLED": "1", "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": "/tmp/t"}
