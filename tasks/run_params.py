@@ -40,9 +40,10 @@ TRAINING_KNOBS = (
     "env.max_turns",
     "env.max_tokens_per_turn",
     "simulate.",
+    "timeline.",  # the timeline DAG's month: its days, events and traffic (timeline.retrain is checked inside)
 )
 # inside those, fields that are paths (a trigger must not point a run at files of its choosing)
-PATHS = ("grpo.production_tasks",)
+PATHS = ("grpo.production_tasks", "timeline.champion")
 # gate fields a run may only make stricter: field -> the direction that is stricter
 STRICTER = {
     "promotion.min_gain": "higher",
@@ -89,6 +90,9 @@ def refusal(field: str, value: Any, deployed: Settings) -> str | None:
             if stricter
             else (f"a run may only make the gate stricter: {STRICTER[field]} than the deployment's {current}")
         )
+    if field == "timeline.retrain":  # overrides of every retrain: each one as if a run's params set it
+        bad = [f"{k} ({why})" for k, v in dict(value or {}).items() if (why := refusal(k, v, deployed))]
+        return None if not bad else "its overrides may not set " + "; ".join(bad)
     if field in PATHS:
         return "a path: set it in the deployment's config"
     if field.startswith(TRAINING_KNOBS):

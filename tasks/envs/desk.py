@@ -339,18 +339,26 @@ def demonstration(task: Task, rng: random.Random) -> list[dict]:
     which the model's chat template renders.
 
     Formats that the lenient v1 service accepts are chosen at random (word or symbol, name or symbol,
-    any case), as in real v1 traffic where both worked.
+    any case), as in real v1 traffic where both worked; a strict toolset's are the ones its convention takes.
     """
     tool = next(t for t in task.tools if t["x-evergreen-handler"] == task.family)
     props = tool["function"]["parameters"]["properties"]
     roles = task.data["bindings"][tool["function"]["name"]]["args"]  # the required ones: an optional one is left out
     values = list(task.data["solution"])
+    # a lenient toolset's demonstrations mix the formats it accepts; a strict one's use its convention
+    convention = task.data.get("convention") or ("symbols" if task.data.get("strict") else "any")
+
+    def form(lenient: list[str], symbol: str, name: str) -> str:
+        return {"symbols": symbol, "names": name}.get(convention) or rng.choice(lenient)
+
     if task.family == "calc":
-        values[2] = rng.choice([values[2], OPS[values[2]][0]])
+        key, sym = values[2], OPS[values[2]][0]
+        values[2] = form([key, sym], sym, key)
     elif task.family == "convert":
-        values[1:] = [rng.choice([u, UNITS[u][0]]) for u in values[1:]]
+        values[1:] = [form([u, UNITS[u][0]], u, UNITS[u][0]) for u in values[1:]]
     else:
-        values[0] = rng.choice([values[0], values[0].title()])
+        city = values[0]
+        values[0] = form([city, city.title()], city, city.title())
     args = {}
     for name, v in zip(roles, values, strict=True):
         args[name] = str(v) if props[name]["type"] == "string" else v

@@ -111,13 +111,13 @@ def post_training_run(
     force: bool = False,
     window: str | None = None,
     forced_promotion: str = "",
-    cluster: dict | None = None,
+    cluster: Callable[[], dict] | None = None,
 ) -> RunSummary:
     """One continuous_post_training run, its stages in the DAG's order; its RunSummary. `force`: train even
     without drift (the DAG's param); `window`: the production window validate_data reads (default: yesterday);
     `forced_promotion`: promote whatever the gate says, with this reason (a policy without a gate); `cluster`:
-    a running local head to use and leave running (ClusterInfo; the timeline's head of the day) instead of
-    one started for the run and stopped after it."""
+    returns a running local head (ClusterInfo) to use and leave running (the timeline's head of the day),
+    instead of one started for the run and stopped after it; called only when the run trains."""
     from tasks.stages import report
     from tasks.stages.contracts import RunSummary
 
@@ -132,7 +132,12 @@ def post_training_run(
 
 
 def _train_or_skip(
-    workers: Workers, trigger: dict, force: bool, window: str | None, forced_promotion: str, cluster: dict | None
+    workers: Workers,
+    trigger: dict,
+    force: bool,
+    window: str | None,
+    forced_promotion: str,
+    cluster: Callable[[], dict] | None,
 ) -> None:
     from tasks.rl.cluster import setup_local_cluster, teardown_local_cluster
     from tasks.stages import evaluation, promotion, rollouts, signals, training
@@ -145,7 +150,7 @@ def _train_or_skip(
     for toolset in rollouts.toolsets(workers.settings):
         workers.run(rollouts.build_tasks, toolset)
     run_key = f"{workers.dag_id}/{workers.run_id}"
-    workers.run(lambda s, rd: rd.write(cluster or setup_local_cluster(s, run_key), "cluster.json"))
+    workers.run(lambda s, rd: rd.write(cluster() if cluster else setup_local_cluster(s, run_key), "cluster.json"))
     try:
         for shard in rollouts.PROBE_SHARDS:
             workers.run(rollouts.probe_rollouts, shard, len(rollouts.PROBE_SHARDS))

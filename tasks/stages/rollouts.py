@@ -30,7 +30,7 @@ PROBE_SHARDS = (0, 1)  # probe_rollouts tasks: shard i starts the run's rollout 
 def toolsets(settings: Settings) -> list[str]:
     """The tool-registry versions a run evaluates on: the target first, then the guards (today: the
     champion's own)."""
-    return [settings.env.target_toolset, settings.env.champion_toolset]
+    return list(dict.fromkeys([settings.env.target_toolset, settings.env.champion_toolset]))  # one when the same
 
 
 def pin_toolsets(settings: Settings, rd: RunDir) -> Settings:

@@ -93,7 +93,8 @@ class Timeline:
         return base.model_copy(
             update={
                 "run_dir": str(root / "runs"),
-                "env": base.env.model_copy(update={"target_toolset": day.toolset}),
+                # production serves one toolset: the gate judges it, and nothing older is guarded
+                "env": base.env.model_copy(update={"target_toolset": day.toolset, "champion_toolset": day.toolset}),
                 "tracking": base.tracking.model_copy(update={"uri": None, "experiment": f"timeline-{policy}"}),
                 "promotion": base.promotion.model_copy(update={"model_name": f"timeline-{policy}"}),
                 "monitor": base.monitor.model_copy(update={"traces": str(root / "traces")}),
@@ -167,12 +168,23 @@ class Timeline:
         write_atomic(path, json.dumps(records, indent=1))
         return records
 
-    def cluster(self) -> dict:
-        """The day's local Ray head (started on first use)."""
-        from tasks.rl.cluster import setup_local_cluster
+    def cluster(self, settings: Settings) -> dict:
+        """The day's local Ray head, started on first use with the day's rollout engines (ray.engine_namespace)
+        built side by side: the runs' probes then find them up instead of building one after the other."""
+        import ray
+
+        from tasks.rl.cluster import connect, setup_local_cluster
+        from tasks.rl.rollout import start_rollout_actors
 
         if self._cluster is None:
-            self._cluster = setup_local_cluster(self.settings, self._run_key)
+            self._cluster = info = setup_local_cluster(settings, self._run_key)
+            os.environ.update(info["env"])
+            connect(settings.model_copy(update={"ray": settings.ray.model_copy(update={"address": info["address"]})}))
+            try:
+                actors = start_rollout_actors(self.out / "champion", settings, namespace=settings.ray.engine_namespace)
+                ray.get([a.info.remote() for a in actors])
+            finally:
+                ray.shutdown()
         return self._cluster
 
     def _policy_day(self, policy: str, day: Day) -> dict:
@@ -321,7 +333,7 @@ class Timeline:
         forced = f"policy {policy} promotes every retrain" if promotes(policy, gate_promote=False) else ""
         # the day's retrains share a head and its engines: starting them per run cost ~1 minute of each
         s = s.model_copy(update={"ray": s.ray.model_copy(update={"engine_namespace": f"timeline-day-{day.index:02d}"})})
-        workers = Workers(s, "continuous_post_training", run_id)
+        workers, error = Workers(s, "continuous_post_training", run_id), None
         try:
             summary = post_training_run(
                 workers,
@@ -329,11 +341,12 @@ class Timeline:
                 force=policy != "evergreen",
                 window=day.date.isoformat(),
                 forced_promotion=forced,
-                cluster=self.cluster(),
+                cluster=lambda: self.cluster(s),
             )
         except Exception as e:  # a failed run (bad data, a crash) ships nothing; its summary is written
             log.warning("timeline day %d %s: the run failed: %s: %s", day.index, policy, type(e).__name__, e)
             summary = RunSummary.model_validate(workers.rd().read("summary.json"))
+            error = f"{type(e).__name__}: {e}"[-3000:]
         rd = workers.rd()
         cost, decision = rd.read("cost.json") or {}, rd.read("decision.json") or {}
         promoted = summary.status == "promoted"
@@ -348,6 +361,7 @@ class Timeline:
             "gate": decision.get("reasons"),
             "target_gain": target.difference.mean if target else None,
             "run_dir": str(rd.path),
+            "error": error,
         }
         if promoted:
             tracker_of(s)

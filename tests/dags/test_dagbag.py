@@ -13,7 +13,14 @@ import pytest
 
 from tests.dags.conftest import DAGS, PROJECT
 
-EXPECTED = {"continuous_post_training", "drift_monitor", "bootstrap_champion", "rollback", "simulate_production"}
+EXPECTED = {
+    "continuous_post_training",
+    "drift_monitor",
+    "bootstrap_champion",
+    "rollback",
+    "simulate_production",
+    "timeline",
+}
 HEAVY = ("torch", "ray", "vllm", "mlflow", "great_expectations", "transformers", "pandas")
 
 
@@ -148,4 +155,5 @@ def test_each_python_task_runs_the_stage_function_it_is_named_after(dagbag):
         "monitor",
         "rollback",
         "simulate_production",
+        "timeline_day",
     } <= seen, seen

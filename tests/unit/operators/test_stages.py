@@ -112,6 +112,8 @@ def test_a_runs_params_may_tune_training_but_not_loosen_the_gate_or_point_elsewh
         }
     )
     assert (tuned.grpo.steps, tuned.rollout.group_size, tuned.promotion.min_gain) == (3, 4, 0.2)
+    month = settings_for({"overrides": {"timeline.traces_per_day": 300, "timeline.retrain": {"grpo.steps": 4}}})
+    assert (month.timeline.traces_per_day, month.timeline.retrain) == (300, {"grpo.steps": 4})
     refused = {
         "promotion.min_gain": -0.99,
         "promotion.min_gain_per_dollar": 0,
@@ -124,6 +126,8 @@ def test_a_runs_params_may_tune_training_but_not_loosen_the_gate_or_point_elsewh
         "model.name_or_path": "/x",
         "grpo.production_tasks": "/etc/hosts",
         "ray.address": "10.0.0.1:6379",
+        "timeline.champion": "/etc",
+        "timeline.retrain": {"grpo.steps": 2, "promotion.min_gain": -0.99},
     }
     with pytest.raises(SettingsError) as e:
         settings_for({"overrides": refused})

@@ -26,6 +26,7 @@ def _rd(settings, run_id="manual__2026-12-03T04:00:00+00:00"):
 def test_toolsets_are_the_target_then_the_guard(tmp_path):
     assert rollouts.toolsets(_settings(tmp_path)) == ["2", "1"]
     assert rollouts.toolsets(_settings(tmp_path, target_toolset="1", champion_toolset="2")) == ["1", "2"]
+    assert rollouts.toolsets(_settings(tmp_path, target_toolset="2", champion_toolset="2")) == ["2"]  # no guard
 
 
 def test_build_tasks_writes_the_eval_tasks_and_load_tasks_reads_them_back(tmp_path):
