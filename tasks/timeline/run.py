@@ -177,6 +177,11 @@ class Timeline:
         from tasks.rl.rollout import start_rollout_actors
 
         if self._cluster is None:
+            from tasks.net import free_port
+
+            # ports of its own: the deployment's (ray.head_port) may be a running DAG's, or another timeline's
+            ports = {"head_port": free_port(), "dashboard_port": free_port()}
+            settings = settings.model_copy(update={"ray": settings.ray.model_copy(update=ports)})
             self._cluster = info = setup_local_cluster(settings, self._run_key)
             os.environ.update(info["env"])
             connect(settings.model_copy(update={"ray": settings.ray.model_copy(update={"address": info["address"]})}))
