@@ -168,6 +168,31 @@ def load_runs(root: Path | None = None) -> Runs:
     return out
 
 
+def latest_timeline(root: Path | None) -> dict | None:
+    """The newest timeline report under root (`python -m tasks timeline`'s <root>/timeline/, or a timeline DAG
+    run's <root>/timeline/<run>/timeline/): {"report", "chart" (a path or None), "where"}; None when there is
+    none or it cannot be read (the page is about runs; a broken report leaves it as it is)."""
+    if root is None:
+        return None
+    found = [root / "timeline" / "report.json", *(root / "timeline").glob("*/timeline/report.json")]
+    found = [f for f in found if f.is_file()]
+    if not found:
+        return None
+    newest = max(found, key=lambda f: f.stat().st_mtime)
+    try:
+        report = json.loads(newest.read_text(encoding="utf-8"))
+        policies = [p for p in report["policies"] if isinstance(p, dict)]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    chart = newest.with_name("timeline.png")
+    return {
+        "report": report,
+        "policies": policies,
+        "chart": chart if chart.is_file() else None,
+        "where": str(newest.parent.relative_to(root)),
+    }
+
+
 # --------------------------------------------------------------------------- reading the loose parts
 
 

@@ -5,7 +5,7 @@ Airflow mounts it at /evergreen (plugins/evergreen_plugin.py) and shows it in th
 iframe at /plugin/evergreen. To look at it without Airflow:
 
     EVERGREEN_RUN_DIR=runs/local uvicorn --factory plugins.evergreen_page:create_app --port 8090
-    # then open http://127.0.0.1:8090/  (routes: /, /api/runs, /health, /icon.svg, /static/...)
+    # then open http://127.0.0.1:8090/  (routes: /, /api/runs, /timeline.png, /health, /icon.svg, /static/...)
 
 - data: plugins/evergreen_data.py reads every run's summary.json as a RunSummary, per request;
   plugins/evergreen_charts.py lays out the two charts.
@@ -172,6 +172,7 @@ def render_page(runs: data.Runs) -> str:
         hidden=len(runs.runs) - len(shown),
         success_chart=charts.success_chart(shown),
         cost_chart=charts.cost_chart(shown),
+        timeline=data.latest_timeline(runs.root),
     )
 
 
@@ -224,6 +225,17 @@ def create_app(*, auth: Auth | None = None, login_url: Callable[[Request], str] 
             },
             headers={"Cache-Control": "no-store"},
         )
+
+    @app.get("/timeline.png")
+    async def timeline_chart(request: Request) -> Response:
+        # run data (the policies' daily success and dollars): behind the same check as the page
+        denied = await check(request, html_page=False)
+        if denied is not None:
+            return denied
+        found = data.latest_timeline(data.runs_root())
+        if found is None or found["chart"] is None:
+            raise HTTPException(404, "no timeline chart: run `python -m tasks timeline` or the timeline DAG")
+        return FileResponse(found["chart"], media_type="image/png", headers={"Cache-Control": "no-store"})
 
     @app.get("/icon.svg")
     async def icon() -> Response:

@@ -468,7 +468,7 @@ def test_plugin_import_is_light(tmp_path):
         tmp_path,
     )
     assert got["heavy"] == [] and got["env_built"] == 0  # no work at import: templates load on the first page
-    assert got["routes"] == ["/", "/api/runs", "/health", "/icon.svg", "/static"]
+    assert got["routes"] == ["/", "/api/runs", "/health", "/icon.svg", "/static", "/timeline.png"]
 
 
 def test_airflow_plugins_manager_loads_the_plugin(tmp_path):
@@ -585,3 +585,39 @@ def test_the_settings_a_runs_params_changed_are_shown(client, root):
     card = re.search(r'<article class="run promoted".*?</article>', client.get("/").text, re.S).group(0)
     assert "Settings changed by this run's params:" in card
     assert "<code>grpo.steps=3</code>" in card and "<code>promotion.min_gain=0.2</code>" in card
+
+
+def test_the_newest_timeline_report_and_its_chart_are_on_the_page(client, root):
+    assert 'id="timeline"' not in client.get("/").text and client.get("/timeline.png").status_code == 404
+    out = root / "timeline" / "manual__2026-12-07" / "timeline"
+    out.mkdir(parents=True)
+    policies = [
+        {
+            "policy": "never",
+            "mean_success": 0.41,
+            "usd": 0.0,
+            "retrains": 0,
+            "promotions": 0,
+            "false_alarms": 0,
+            "hours_to_fix": [None, None],
+        },
+        {
+            "policy": "evergreen",
+            "mean_success": 0.8,
+            "usd": 0.0123,
+            "retrains": 3,
+            "promotions": 2,
+            "false_alarms": 0,
+            "hours_to_fix": [24.0, None],
+            "note": XSS,
+        },
+    ]
+    (out / "report.json").write_text(json.dumps({"days": 30, "policies": policies}))
+    png = b"\x89PNG\r\n\x1a\n" + b"0" * 64
+    (out / "timeline.png").write_bytes(png)
+    text = client.get("/").text
+    section = re.search(r'<section id="timeline".*?</section>', text, re.S).group(0)
+    assert "30 day(s)" in section and "<td>evergreen</td><td>80.0%</td><td>$0.0123</td>" in section
+    assert "<td>24 h, not fixed</td>" in section and '<img src="timeline.png"' in section
+    got = client.get("/timeline.png")
+    assert got.status_code == 200 and got.content == png and got.headers["content-type"] == "image/png"
