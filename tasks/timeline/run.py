@@ -78,6 +78,14 @@ class Timeline:
             return diff_toolsets(self.env.load_toolset(old), self.env.load_toolset(new), settings.env.name).breaking
 
         self.days = plan(settings.timeline, families, breaking)
+        fewest = min(settings.timeline.traces_per_day * min(d.mix.values()) for d in self.days)
+        if fewest < settings.drift.min_samples:  # the drift tests would say "insufficient data" for that workload
+            log.warning(
+                "timeline: as few as %d traces of a workload a day, below drift.min_samples=%d: raise "
+                "timeline.traces_per_day or lower drift.min_samples, or the monitor will not test that workload",
+                fewest,
+                settings.drift.min_samples,
+            )
         self._engine: VLLMBackend | None = None
         self._run_key, self._cluster = "", cast("dict | None", None)  # the day's Ray head (run_day)
 
