@@ -27,7 +27,6 @@ Each day is written once: a rerun resumes after the last day written.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -39,10 +38,10 @@ from typing import TYPE_CHECKING, Any, cast
 
 from tasks.storage import write_atomic
 from tasks.timeline.plan import Day, plan, promotes, wants_retrain
+from tasks.timeline.traffic import Traffic
 
 if TYPE_CHECKING:
     from tasks.config import Settings
-    from tasks.policy.backends import VLLMBackend
 
 log = logging.getLogger(__name__)
 
@@ -52,15 +51,6 @@ def _merged(base: dict, over: dict) -> dict:
     for k, v in over.items():
         out[k] = _merged(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
     return out
-
-
-def digest(model_dir: Path) -> str:
-    """The model's weights' sha256 (12 hex digits): one traffic simulation per model and day, whoever deploys it."""
-    h = hashlib.sha256()
-    with open(model_dir / "model.safetensors", "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()[:12]
 
 
 class Timeline:
@@ -86,7 +76,7 @@ class Timeline:
                 fewest,
                 settings.drift.min_samples,
             )
-        self._engine: VLLMBackend | None = None
+        self._traffic = Traffic(settings, self.out / "traffic")
         self._run_key, self._cluster = "", cast("dict | None", None)  # the day's Ray head (run_day)
 
     # ------------------------------------------------------------ settings and state per policy
@@ -238,53 +228,8 @@ class Timeline:
     # ------------------------------------------------------------ one policy's day
 
     def traffic(self, policy: str, day: Day, model: Path) -> dict:
-        """The day's production traffic by `model` into the policy's traces; simulated once per model and day."""
-        from datetime import UTC, datetime
-        from datetime import time as clock
-
-        from tasks.signals.simulate import simulate_traces
-
-        cache = self.out / "traffic" / f"{digest(model)}-day-{day.index:02d}"
-        if not (cache / "manifest.json").exists():
-            start = datetime.combine(day.date, clock(), tzinfo=UTC)
-            scratch = cache.with_name(cache.name + ".tmp")
-            shutil.rmtree(scratch, ignore_errors=True)
-            simulate_traces(
-                scratch,
-                start,
-                start + timedelta(days=1),
-                self.settings.timeline.traces_per_day,
-                [(start, day.toolset)],
-                policy=str(model),
-                settings=self.settings,
-                malformed_share=day.malformed_share,
-                seed=self.settings.grpo.seed * 1000 + day.index,
-                mix=day.mix,
-                temperature=0.0,
-                backend=self.engine(model),
-            )
-            scratch.rename(cache)
-        manifest = json.loads((cache / "manifest.json").read_text())
-        partition = f"date={day.date.isoformat()}"
-        dest = self.out / policy / "traces" / partition
-        if not dest.exists():
-            shutil.copytree(cache / partition, dest)
-        return {
-            "success": manifest["success_rate"][day.toolset],
-            "workloads": manifest["workloads"],
-            "malformed": sum(manifest["malformed"].values()),
-        }
-
-    def engine(self, model: Path) -> VLLMBackend:
-        """One vLLM engine for all the traffic of the month: each model's weights are loaded into it in turn."""
-        if self._engine is None:
-            from tasks.policy.backends import VLLMBackend
-
-            s = self.settings
-            self._engine = VLLMBackend(
-                str(model), max_len=s.model.max_len, kv_cache_mb=s.rollout.kv_cache_mb, dtype=s.model.dtype
-            )
-        return self._engine
+        """The day's production traffic by `model` in the policy's traces (tasks.timeline.traffic)."""
+        return self._traffic.serve(day, model, self.out / policy / "traces")
 
     def verdict(self, policy: str, day: Day, model: Path, state: dict) -> dict:
         """The drift monitor's verdict on the day against the traffic the deployed model served before it (up to
