@@ -202,9 +202,9 @@ def _every_policy() -> list[Policy]:
 
 def _retrain_overrides() -> dict[str, object]:
     return {
-        "grpo.steps": 12,  # 12 x 8 tasks x 8 samples took the champion's v2 greedy success +38 pts (one draw)
+        "grpo.steps": 10,  # 12 x 8 tasks x 8 samples took the champion's v2 greedy success +38 pts (one draw)
         "grpo.tasks_per_step": 8,
-        "grpo.checkpoint_every": 12,
+        "grpo.checkpoint_every": 10,
         "grpo.validation_tasks": 0,
         "grpo.demo_coef": 0.0,  # production has no demonstrations of its changed tools: RL finds them
         "eval.num_tasks": 60,
@@ -218,7 +218,13 @@ class TimelineSettings(_Section):
     days: int = Field(30, ge=2, description="simulated days")
     start: str = Field("2026-11-02", description="the first simulated day's date (YYYY-MM-DD): traces are dated by it")
     traces_per_day: int = Field(
-        600, ge=30, description="production episodes a day, run by the deployed model (greedy, as it is served)"
+        400, ge=30, description="production episodes a day, run by the deployed model (greedy, as it is served)"
+    )
+    drift_min_samples: int | None = Field(
+        60,
+        ge=10,
+        description="drift.min_samples in the timeline (its monitor and runs): a simulated day is a smaller window "
+        "than a production one; null keeps drift.min_samples",
     )
     toolsets: list[ToolsetChange] = Field(
         default_factory=lambda: [
