@@ -261,12 +261,12 @@ class TimelineSettings(_Section):
     champion: str | None = Field(
         None, description="the first champion (a model directory); null: SFT one with the bootstrap settings"
     )
-    fix_tolerance: float = Field(
+    fix_margin: float = Field(
         0.1,
-        ge=0,
+        gt=0,
         lt=1,
-        description="a breaking change counts as fixed once the deployed model's daily success is back within this "
-        "of the champion's success before the first change",
+        description="a breaking change counts as fixed on the first day a model promoted since serves with daily "
+        "success at least this much above the day the change landed",
     )
 
     @model_validator(mode="after")

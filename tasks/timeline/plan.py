@@ -4,12 +4,11 @@ days = plan(settings.timeline, families=("calc", "convert", "lookup"), breaking=
 days[5].toolset, days[5].events        # "2", ("tool change v1 -> v2 (breaking)",)
 wants_retrain("evergreen", verdict_retrain=True)     # True
 promotes("nightly", gate_promote=False)              # True: that policy has no gate
-table = policy_table(records, days, tolerance=0.1)   # the per-policy figures of the report
+table = policy_table(records, days, margin=0.1)      # the per-policy figures of the report
 """
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -107,36 +106,39 @@ class PolicyFigures:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
 
-def healthy_level(records: list[dict], days: list[Day]) -> float:
-    """The undisturbed success: the never-retrain policy's (the first champion's) mean before the first
-    breaking change (all days when there is none)."""
-    first_break = next((d.index for d in days if d.breaking), len(days))
-    before = [r["success"] for r in records if r["policy"] == "never" and r["day"] < max(1, first_break)]
-    if not before:
-        before = [r["success"] for r in records if r["day"] < max(1, first_break)]
-    return statistics.fmean(before)
-
-
-def hours_to_fix(rows: list[dict], days: list[Day], healthy: float, tolerance: float) -> list[float | None]:
-    """Per breaking change: hours from the change (the start of its day) to the start of the first day whose
-    deployed model is back within `tolerance` of `healthy` (a promotion lands overnight); None when that does
-    not happen before the next breaking change or the month's end."""
-    by_day = {r["day"]: r["success"] for r in rows}
+def hours_to_fix(rows: list[dict], days: list[Day], margin: float) -> list[float | None]:
+    """Per breaking change: hours from the change (the start of its day) to the start of the first day on which a
+    model promoted since serves with success at least `margin` above the day the change landed (a promotion
+    lands overnight); None when that does not happen before the next breaking change or the month's end.
+    `rows`: one policy's records, with success and deployed_version."""
+    by_day = {r["day"]: r for r in rows}
     breaks = [d.index for d in days if d.breaking]
     out: list[float | None] = []
     for k, change in enumerate(breaks):
         end = breaks[k + 1] if k + 1 < len(breaks) else len(days)
-        fixed = next((i for i in range(change, end) if by_day.get(i, -math.inf) >= healthy - tolerance), None)
+        landed = by_day.get(change)
+        fixed = None
+        if landed is not None:
+            fixed = next(
+                (
+                    i
+                    for i in range(change + 1, end)
+                    if i in by_day
+                    and by_day[i]["deployed_version"] != landed["deployed_version"]
+                    and by_day[i]["success"] >= landed["success"] + margin
+                ),
+                None,
+            )
         out.append(None if fixed is None else 24.0 * (fixed - change))
     return out
 
 
-def policy_table(records: list[dict], days: list[Day], tolerance: float) -> list[PolicyFigures]:
+def policy_table(records: list[dict], days: list[Day], margin: float) -> list[PolicyFigures]:
     """Per policy: mean daily success, dollars, retrains, promotions, false alarms (retrains on a day with no
     event while the deployed model was trained for the toolset in production), hours to fix each breaking
     change, and success points above never-retrain per dollar. `records`: one row per (policy, day) with
-    success, usd, retrained, promoted, pending (a breaking change not yet fixed by a promotion)."""
-    healthy = healthy_level(records, days)
+    success, deployed_version, usd, retrained, promoted, pending (the deployed model's toolset differs from
+    production's by a breaking change)."""
     policies = [p for p in POLICIES if any(r["policy"] == p for r in records)]
     means = {p: statistics.fmean(r["success"] for r in records if r["policy"] == p) for p in policies}
     baseline = means.get("never")
@@ -153,7 +155,7 @@ def policy_table(records: list[dict], days: list[Day], tolerance: float) -> list
                 retrains=sum(r["retrained"] for r in rows),
                 promotions=sum(r["promoted"] for r in rows),
                 false_alarms=sum(r["retrained"] and r["day"] in quiet and not r["pending"] for r in rows),
-                hours_to_fix=hours_to_fix(rows, days, healthy, tolerance),
+                hours_to_fix=hours_to_fix(rows, days, margin),
                 points_per_usd=(100 * (means[p] - baseline) / usd) if usd > 0 and baseline is not None else None,
             )
         )

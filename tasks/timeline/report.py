@@ -27,6 +27,13 @@ LABELS = {
     "evergreen": "Evergreen (drift + gate)",
 }
 
+STYLES = {
+    "never": {"color": "tab:blue", "linestyle": "-", "marker": "o", "linewidth": 1.5},
+    "nightly": {"color": "tab:orange", "linestyle": "-", "marker": "o", "linewidth": 1.5},
+    "nightly_gated": {"color": "tab:green", "linestyle": "--", "marker": "s", "linewidth": 2.5},
+    "evergreen": {"color": "tab:red", "linestyle": "-", "marker": "o", "linewidth": 1.2},
+}
+
 
 def load_records(out: Path) -> list[dict]:
     """Every (policy, day) record written so far, by day."""
@@ -87,12 +94,14 @@ def chart(records: list[dict], days: list[Day], path: Path) -> Path:
         if not rows:
             continue
         x = [r["day"] for r in rows]
-        top.plot(x, [100 * r["success"] for r in rows], marker="o", markersize=3, label=LABELS[policy])
+        # where two policies serve the same model their lines coincide: styles keep both visible
+        style = STYLES[policy]
+        top.plot(x, [100 * r["success"] for r in rows], markersize=3, label=LABELS[policy], **style)
         spent, total = [], 0.0
         for r in rows:
             total += r["usd"]
             spent.append(total)
-        bottom.step(x, spent, where="post", label=LABELS[policy])
+        bottom.step(x, spent, where="post", label=LABELS[policy], color=style["color"], linestyle=style["linestyle"])
     for d in days:
         for e in d.events:
             if e.startswith("tool change"):
@@ -120,7 +129,7 @@ def chart(records: list[dict], days: list[Day], path: Path) -> Path:
 def write_report(out: Path, days: list[Day], t: TimelineSettings) -> dict:
     records = load_records(out)
     days_run = len({r["day"] for r in records})
-    figures = policy_table(records, days[:days_run], t.fix_tolerance)
+    figures = policy_table(records, days[:days_run], t.fix_margin)
     report = {
         "days": days_run,
         "policies": [f.to_dict() for f in figures],

@@ -68,29 +68,36 @@ def test_the_policies_rules():
 
 
 def _rows(policy, successes, retrained=(), promoted=(), usd=0.0, pending=()):
-    return [
-        {
-            "policy": policy,
-            "day": i,
-            "success": s,
-            "retrained": i in retrained,
-            "promoted": i in promoted,
-            "usd": usd if i in retrained else 0.0,
-            "pending": i in pending,
-        }
-        for i, s in enumerate(successes)
-    ]
+    """One policy's records; a promotion on day d deploys a new version from day d + 1."""
+    rows, version = [], 1
+    for i, success in enumerate(successes):
+        rows.append(
+            {
+                "policy": policy,
+                "day": i,
+                "success": success,
+                "deployed_version": str(version),
+                "retrained": i in retrained,
+                "promoted": i in promoted,
+                "usd": usd if i in retrained else 0.0,
+                "pending": i in pending,
+            }
+        )
+        version += i in promoted
+    return rows
 
 
-def test_hours_to_fix_count_from_the_change_to_the_first_day_back_within_tolerance():
+def test_hours_to_fix_count_from_the_change_to_the_first_promoted_model_clearly_better():
     days = _plan(
         days=10,
         toolsets=[{"day": 0, "toolset": "1"}, {"day": 3, "toolset": "2"}, {"day": 7, "toolset": "4"}],
         mix_shift=None,
         malformed_day=None,
     )
-    rows = _rows("evergreen", [0.9, 0.9, 0.9, 0.4, 0.5, 0.85, 0.9, 0.1, 0.2, 0.3])
-    assert hours_to_fix(rows, days, healthy=0.9, tolerance=0.1) == [48.0, None]
+    # v2 lands on day 3 (0.4); promoted on day 3 (no better: 0.45 on day 4) and day 4 (0.7 on day 5): 48 h.
+    # v4 lands on day 7 (0.1): a better day 8 without a promotion is no fix, and nothing is promoted after it
+    rows = _rows("evergreen", [0.9, 0.9, 0.9, 0.4, 0.45, 0.7, 0.7, 0.1, 0.3, 0.3], promoted=(3, 4))
+    assert hours_to_fix(rows, days, margin=0.1) == [48.0, None]
 
 
 def test_the_table_counts_false_alarms_only_on_quiet_days_with_nothing_pending():
@@ -104,11 +111,11 @@ def test_the_table_counts_false_alarms_only_on_quiet_days_with_nothing_pending()
         )
         + _rows("evergreen", [0.9, 0.9, 0.4, 0.9, 0.9, 0.9], retrained=(2,), promoted=(2,), usd=0.01, pending=(2,))
     )
-    by = {f.policy: f for f in policy_table(records, days, tolerance=0.1)}
+    by = {f.policy: f for f in policy_table(records, days, margin=0.1)}
     # quiet days 0, 1, 3, 4, 5; on day 3 the v2 break is still pending (not fixed): not a false alarm
     assert by["nightly"].retrains == 6 and by["nightly"].false_alarms == 4
     assert by["evergreen"].false_alarms == 0 and by["evergreen"].retrains == 1
-    assert by["evergreen"].hours_to_fix == [24.0] and by["nightly"].hours_to_fix == [48.0]
+    assert by["evergreen"].hours_to_fix == [24.0] and by["nightly"].hours_to_fix == [24.0]  # day 3: +20 pts
     assert by["never"].hours_to_fix == [None] and by["never"].points_per_usd is None
     gain = 100 * (by["evergreen"].mean_success - by["never"].mean_success)
     assert by["evergreen"].points_per_usd == pytest.approx(gain / 0.01)

@@ -29,6 +29,7 @@ def _write_days(out):
             p: {
                 "policy": p,
                 "day": d,
+                "deployed_version": str(1 + sum(x < d for x in PROMOTED[p])),
                 "success": SUCCESS[p][d],
                 "retrained": d in RETRAINED[p],
                 "promoted": d in PROMOTED[p],
