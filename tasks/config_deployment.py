@@ -234,7 +234,7 @@ class TimelineSettings(_Section):
             ToolsetChange(day=22, toolset="4"),
         ],
         description="what production serves from which day: desk's v2 and v4 are breaking changes, v3 a "
-        "non-breaking one (new descriptions, an optional parameter); the first entry must be day 0",
+        "non-breaking one (an optional parameter); the first entry must be day 0",
     )
     mix_shift: MixShift | None = Field(
         MixShift(start_day=15, days=7, to={"calc": 0.6, "convert": 0.2, "lookup": 0.2}),

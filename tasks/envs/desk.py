@@ -11,8 +11,8 @@ any case. Version 2 renames tools and arguments, retypes the calculator's operan
 visible in the schema) and, like many real API upgrades, becomes strict about canonical codes: symbols
 only, lowercase keys. The schema does not say so; the error messages do. A champion that learned both
 formats from v1 traffic therefore loses about half its v2 successes, and RL can win them back by trial
-and error while v1 (which accepts both) is unharmed. Version 3 is a non-breaking change of v2 (new
-descriptions, an optional parameter); version 4 breaks again the other way (words, unit names,
+and error while v1 (which accepts both) is unharmed. Version 3 is a non-breaking change of v2 (an
+optional parameter); version 4 breaks again the other way (words, unit names,
 capitalised city names: tasks/envs/desk_service.py), which a model that learned v2's symbols fails
 almost entirely. The month-long timeline (tasks/timeline) ships them in that order.
 """
