@@ -112,7 +112,12 @@ def _run_scripted(episodes: list[Episode], seed: int) -> None:
         rng = random.Random(seed * 1_000_003 + i)
         demonstration = get_env(ep.task.env).demonstration
         assert demonstration is not None, f"environment {ep.task.env!r} has no demonstration for the scripted policy"
-        call, _ = demonstration(ep.task, rng)
+        # the champion's habits: a task with a value convention is demonstrated as its lenient version would be
+        # (a strict toolset's own demonstrations follow it, and would never fail)
+        habit = ep.task
+        if "convention" in habit.data:
+            habit = type(habit).from_dict({**habit.to_dict(), "data": {**habit.data, "convention": "any"}})
+        call, _ = demonstration(habit, rng)
         ep.add_message(call)
         if ep.done:
             continue

@@ -76,7 +76,9 @@ def test_replayed_rollout_gets_our_verifiers_reward(chat, toolset, expert_reward
     reward = peers.replay_reward(chat, LIMITS)
     completions, rows, direct = [], [], []
     for task in tasks:
-        demo = env.demonstration(task, random.Random(1))
+        # the v1 expert's habits (a lenient demonstration: v2's own would follow v2's convention)
+        habit = type(task).from_dict({**task.to_dict(), "data": {**task.data, "convention": "any"}})
+        demo = env.demonstration(habit, random.Random(1))
         # TRL's completion: assistant messages with tool messages between them (the replay answers again)
         completions.append([demo[0], {"role": "tool", "name": "x", "content": "ignored"}, *demo[1:]])
         rows.append(json.dumps(task.to_dict()))
