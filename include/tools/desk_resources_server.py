@@ -53,7 +53,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from tasks.envs.base import ToolError, check_arguments, grounded_score, normalise_answer  # noqa: E402
-from tasks.envs.desk_service import DeskService, convention_of, tool_bindings  # noqa: E402
+from tasks.envs.desk_service import DeskService, convention_of, task_convention, tool_bindings  # noqa: E402
 from tasks.envs.toolset import load_toolset  # noqa: E402
 
 COOKIE = "evergreen_session"
@@ -207,10 +207,11 @@ def create_app(
             if task:
                 data = task.get("data") or task.get("service") or {}  # Task.service was renamed to Task.data
                 by_name, bindings = shared(task["tools"], data.get("bindings"))
-                # a task names its convention (older ones only `strict`: v2's symbols); else the server's
-                given = data.get("convention") or {True: "symbols", False: "any"}.get(data.get("strict"))
                 service = DeskService(
-                    bindings, given or convention, family=task.get("family"), solution=data.get("solution")
+                    bindings,
+                    task_convention(data, default=convention),  # the task's, else the server's
+                    family=task.get("family"),
+                    solution=data.get("solution"),
                 )
                 session = Session(service, by_name, task.get("expected"))
             else:

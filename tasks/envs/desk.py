@@ -37,6 +37,7 @@ from tasks.envs.desk_service import (  # noqa: F401 (re-exported: the tables and
     UNITS,
     DeskService,
     convention_of,
+    task_convention,
     tool_bindings,
 )
 from tasks.envs.toolset import load_toolset
@@ -126,9 +127,9 @@ _DESCRIPTIONS = {
 
 
 def make_service(task: Task) -> DeskService:
-    # tasks written before conventions carry only `strict` (v2's symbols)
-    convention = task.data.get("convention") or ("symbols" if task.data["strict"] else "any")
-    return DeskService(task.data["bindings"], convention, family=task.family, solution=task.data.get("solution"))
+    return DeskService(
+        task.data["bindings"], task_convention(task.data), family=task.family, solution=task.data.get("solution")
+    )
 
 
 def open_session(task: Task) -> InProcessSession:
@@ -346,7 +347,7 @@ def demonstration(task: Task, rng: random.Random) -> list[dict]:
     roles = task.data["bindings"][tool["function"]["name"]]["args"]  # the required ones: an optional one is left out
     values = list(task.data["solution"])
     # a lenient toolset's demonstrations mix the formats it accepts; a strict one's use its convention
-    convention = task.data.get("convention") or ("symbols" if task.data.get("strict") else "any")
+    convention = task_convention(task.data)
 
     def form(lenient: list[str], symbol: str, name: str) -> str:
         return {"symbols": symbol, "names": name}.get(convention) or rng.choice(lenient)

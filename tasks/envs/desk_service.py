@@ -74,6 +74,16 @@ def convention_of(toolset: dict, unnumbered: str = "symbols") -> str:
     return "symbols" if int(version) >= STRICT_FROM_VERSION else "any"
 
 
+def task_convention(data: dict, default: str = "any") -> str:
+    """The convention a task's data names; a task written before conventions only says `strict` (v2's
+    symbols, else v1's any); `default` where it says neither (the resources server's own)."""
+    if data.get("convention"):
+        return data["convention"]
+    if data.get("strict") is not None:
+        return "symbols" if data["strict"] else "any"
+    return default
+
+
 def tool_bindings(tools: list[dict]) -> dict:
     """How each offered tool maps onto a desk handler: handler name and the required arguments in role order
     (optional parameters, which a non-breaking change may add, are accepted and ignored)."""

@@ -147,9 +147,9 @@ def start_local_head(
     # Ray 2.60 clusters require a token; this head gets its own, readable only by us. A process that
     # already holds one (RAY_AUTH_TOKEN_PATH) keeps it: Ray reads the token once, at import, so every head
     # this process drives must share it
-    held = os.environ.get("RAY_AUTH_TOKEN_PATH") if os.environ.get("RAY_AUTH_MODE") == "token" else None
-    if held and Path(held).exists():
-        token_path = Path(held)
+    held = held_token()
+    if held is not None:
+        token_path = held
         private_file(token_path)
     else:
         token_path = new_token(private_dir(token_dir(temp_dir)) / "auth_token")
@@ -270,15 +270,21 @@ def local_temp_dir(run_key: str) -> str:
     return f"/tmp/eg-ray-{hashlib.sha1(run_key.encode()).hexdigest()[:8]}"
 
 
+def held_token() -> Path | None:
+    """The Ray auth token this process holds (RAY_AUTH_MODE=token and an existing RAY_AUTH_TOKEN_PATH), if any."""
+    held = os.environ.get("RAY_AUTH_TOKEN_PATH")
+    return Path(held) if os.environ.get("RAY_AUTH_MODE") == "token" and held and Path(held).exists() else None
+
+
 def hold_token(name: str) -> Path:
     """One Ray auth token for every local head this process starts (start_local_head keeps a held one), set
     before anything here imports Ray: Ray reads the token once, at import, and vLLM imports Ray when an engine
     is built. A process that builds an engine and then starts heads (tasks/timeline) calls this first. The
     token's directory is named for `name`, never for a run: a run's teardown finds its head's processes by
     their token path, and must not find the process that holds it."""
-    held = os.environ.get("RAY_AUTH_TOKEN_PATH")
-    if os.environ.get("RAY_AUTH_MODE") == "token" and held and Path(held).exists():
-        return Path(held)
+    held = held_token()
+    if held is not None:
+        return held
     path = new_token(private_dir(Path(f"/tmp/eg-{name}.auth")) / "auth_token")
     os.environ.update({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(path)})
     return path

@@ -16,11 +16,8 @@ if TYPE_CHECKING:
 
 
 def _timeline(settings: Settings, rd: RunDir) -> Timeline:
-    import os
-
     from tasks.timeline.run import Timeline
 
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     return Timeline(settings, rd.path / "timeline")
 
 

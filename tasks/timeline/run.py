@@ -61,6 +61,7 @@ class Timeline:
 
         self.settings, self.out = settings, Path(out).resolve()
         hold_token(f"timeline-{os.getpid()}")  # before the traffic engine imports Ray (tasks.rl.cluster.hold_token)
+        os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # a month of download bars otherwise
         self.env = get_env(settings.env.name)
         families = tuple(dict.fromkeys(t.family for t in self.env.generate_tasks(12, 0, None)))
 
@@ -352,7 +353,6 @@ class Timeline:
 
 def run_timeline(settings: Settings, out: str | Path | None = None, report_only: bool = False) -> dict:
     """The whole month (resuming after the last day written), then the report; returns the report."""
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # 30 days of download bars otherwise
     tl = Timeline(settings, out or settings.local_root / "timeline")
     if not report_only:
         tl.prepare()

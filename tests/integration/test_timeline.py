@@ -48,14 +48,27 @@ def test_a_three_day_month_runs_every_policy_and_reports_it(tmp_path):
     out = tmp_path / "timeline"
     sets = [f"--set={k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in MONTH.items()]
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_") or k == "RAY_TRAIN_V2_ENABLED"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "tasks", *sets, f"--set=timeline.champion={champion}", "timeline", "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=1200,
-        cwd=PROJECT_ROOT,
-        env={**env, "PYTHONPATH": str(PROJECT_ROOT), "EVERGREEN_RUN_DIR": str(tmp_path / "runs")},
-    )
+
+    def timeline(timeout: int) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "tasks",
+                *sets,
+                f"--set=timeline.champion={champion}",
+                "timeline",
+                "--out",
+                str(out),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=PROJECT_ROOT,
+            env={**env, "PYTHONPATH": str(PROJECT_ROOT), "EVERGREEN_RUN_DIR": str(tmp_path / "runs")},
+        )
+
+    proc = timeline(1200)
     assert proc.returncode == 0, proc.stderr[-4000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     by = {p["policy"]: p for p in report["policies"]}
@@ -92,12 +105,5 @@ def test_a_three_day_month_runs_every_policy_and_reports_it(tmp_path):
     table = (out / "report.md").read_text()
     assert "| nightly, no gate |" in table and "| Evergreen (drift + gate) |" in table
     # a rerun resumes: every day is written, nothing runs again
-    again = subprocess.run(
-        [sys.executable, "-m", "tasks", *sets, f"--set=timeline.champion={champion}", "timeline", "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=PROJECT_ROOT,
-        env={**env, "PYTHONPATH": str(PROJECT_ROOT)},
-    )
+    again = timeline(300)
     assert again.returncode == 0 and "continuous_post_training" not in again.stderr, again.stderr[-2000:]
