@@ -338,6 +338,17 @@ class GRPOSettings(_Section):
         "on CUDA (a fraction shares the GPU with the rollout engines), 0 on the CPU",
     )
     seed: int = Field(7, description="seed of task sampling and rollouts")
+    init_fallback: list[str] = Field(
+        default_factory=lambda: ["previous"],
+        description="registry aliases GRPO may start from instead of the champion when the champion solves less "
+        "than init_fallback_below of the first batch's target tasks (too few groups to learn from): the probes run "
+        "each on the same tasks and GRPO starts from the one that solves most; the gate still measures the "
+        "challenger against the champion. 'previous' (the champion before the last promotion) covers a breaking "
+        "change that makes the deployed model's habits the wrong ones and an older model's right; [] = never",
+    )
+    init_fallback_below: float = Field(
+        0.05, ge=0, le=1, description="the champion's first-batch target success below which the fallbacks are probed"
+    )
     async_: AsyncSettings | None = Field(
         None,
         alias="async",

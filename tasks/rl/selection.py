@@ -62,6 +62,35 @@ def choose_checkpoint(rows: list[dict], target: str, guard: str, max_guard_loss:
     return max(trained, key=lambda r: (validation_score(r, guard), validation_score(r, target), r["step"]))
 
 
+def choose_init(probes: list[dict], below: float) -> dict:
+    """What GRPO starts from, given the probes' shards (each {"target_successes", "target_episodes",
+    "fallbacks": {alias: {"version", "target_successes"}}}): the champion, unless it solves less than `below` of
+    the first batch's target tasks (then few groups hold a success and GRPO has little or nothing to learn
+    from) and a fallback probed on every shard solves more; then the fallback that solves most (ties: the
+    first listed)."""
+    episodes = sum(p["target_episodes"] for p in probes)
+    if not probes or episodes == 0:
+        return {"alias": "champion", "reason": "no probe of the target toolset", "success_rate": None}
+    rate = sum(p["target_successes"] for p in probes) / episodes
+    keep = {"alias": "champion", "success_rate": rate}
+    if rate >= below:
+        return keep | {"reason": f"the champion solves {rate:.1%} of the first batch (>= {below:.1%})"}
+    everywhere = [a for a in probes[0].get("fallbacks", {}) if all(a in p.get("fallbacks", {}) for p in probes)]
+    rates = {a: sum(p["fallbacks"][a]["target_successes"] for p in probes) / episodes for a in everywhere}
+    best = max(everywhere, key=lambda a: rates[a], default=None)  # max keeps the first of equals
+    if best is None or rates[best] <= rate:
+        tried = ", ".join(f"{a} {r:.1%}" for a, r in rates.items()) or "no fallback in the registry"
+        return keep | {"reason": f"the champion solves {rate:.1%} of the first batch; {tried}: none solves more"}
+    return {
+        "alias": best,
+        "version": probes[0]["fallbacks"][best]["version"],
+        "success_rate": rates[best],
+        "champion_success_rate": rate,
+        "reason": f"the champion solves {rate:.1%} of the first batch (< {below:.1%}), {best} "
+        f"v{probes[0]['fallbacks'][best]['version']} {rates[best]:.1%}",
+    }
+
+
 def validation_tasks(settings: Settings) -> dict[str, list[Task]]:
     """The dev-split tasks of both toolsets, the same for every step and every run of these settings."""
     from tasks.envs import get_env

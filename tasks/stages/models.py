@@ -2,7 +2,8 @@
 
     bootstrap(settings, rd)                   # bootstrap_champion's task: SFT, log, register (champion if none)
     champion_dir(settings, rd)                # the champion, downloaded once per run into <rd>/champion
-    fetch_champion(settings, dest)            # the one resolver of `models:/<name>@champion`
+    fetch_champion(settings, dest)            # the one resolver of `models:/<name>@champion` (or another alias)
+    init_dir(settings, rd)                    # what GRPO starts from: the champion, or a fallback the probes chose
 
 "bootstrap" here is the SFT of the first champion; the statistical bootstrap (intervals) is tasks.evals.intervals.
 """
@@ -25,13 +26,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-CHAMPION_URI = "models:/{name}@champion"
+CHAMPION_URI = "models:/{name}@{alias}"
 
 
-def fetch_champion(settings: Settings, dest: Path) -> Path:
-    """The registry's champion in `dest` (downloaded when not there yet; its checksums verified when loaded).
-    Parallel tasks may ask at once: each downloads to its own directory and the first rename wins. Raises
-    RuntimeError, saying what to run, when the registry has no champion."""
+def fetch_champion(settings: Settings, dest: Path, alias: str = "champion") -> Path:
+    """The registry's champion (or the version under another `alias`) in `dest` (downloaded when not there yet;
+    its checksums verified when loaded). Parallel tasks may ask at once: each downloads to its own directory
+    and the first rename wins. Raises RuntimeError, saying what to run, when the registry has no such alias."""
     from tasks.policy.model import resolve_model_dir
     from tasks.stages.report import tracker_of
 
@@ -39,7 +40,7 @@ def fetch_champion(settings: Settings, dest: Path) -> Path:
     if (dest / "config.json").exists():
         return dest
     tracker_of(settings)  # sets the tracking URI the registry lives in
-    uri = CHAMPION_URI.format(name=settings.promotion.model_name)
+    uri = CHAMPION_URI.format(name=settings.promotion.model_name, alias=alias)
     dest.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=".champion-", dir=dest.parent))
     try:
@@ -48,13 +49,11 @@ def fetch_champion(settings: Settings, dest: Path) -> Path:
             # and the gate learns which champion the challenger was measured against (<dest>.json)
             from mlflow import MlflowClient
 
-            version = str(MlflowClient().get_model_version_by_alias(settings.promotion.model_name, "champion").version)
+            version = str(MlflowClient().get_model_version_by_alias(settings.promotion.model_name, alias).version)
             got = resolve_model_dir(f"models:/{settings.promotion.model_name}/{version}", cache_dir=scratch)
         except Exception as e:
-            raise RuntimeError(
-                f"no champion in the MLflow registry ({uri}): run the bootstrap_champion DAG first "
-                f"({type(e).__name__}: {e})"
-            ) from e
+            first = "run the bootstrap_champion DAG first" if alias == "champion" else "no model holds that alias"
+            raise RuntimeError(f"no {alias} in the MLflow registry ({uri}): {first} ({type(e).__name__}: {e})") from e
         try:
             got.rename(dest)
             write_atomic(dest.with_name(dest.name + ".json"), json.dumps({"version": version, "uri": uri}))
@@ -69,6 +68,42 @@ def fetch_champion(settings: Settings, dest: Path) -> Path:
 def champion_dir(settings: Settings, rd: RunDir) -> Path:
     """This run's champion: fetched once per run, shared by its stages."""
     return fetch_champion(settings, rd.path / "champion")
+
+
+def fallback_dir(settings: Settings, rd: RunDir, alias: str) -> Path | None:
+    """The model under a grpo.init_fallback `alias` (<rd>/init/<alias>), or None when no version holds it or it
+    is the champion's own version (nothing else to try)."""
+    from mlflow import MlflowClient
+
+    from tasks.stages.report import tracker_of
+
+    tracker_of(settings)
+    name, client = settings.promotion.model_name, MlflowClient()
+    try:
+        version = client.get_model_version_by_alias(name, alias).version
+    except Exception:  # the alias was never set (no promotion yet): nothing to fall back to
+        return None
+    if str(version) == str(client.get_model_version_by_alias(name, "champion").version):
+        return None
+    return fetch_champion(settings, rd.path / "init" / alias, alias=alias)
+
+
+def init_dir(settings: Settings, rd: RunDir) -> Path:
+    """What this run's GRPO starts from: the champion, unless the probes found it solving too little of its own
+    toolset's first batch to learn from and a grpo.init_fallback model solving more (tasks.rl.selection.
+    choose_init); the choice is written to <rd>/init.json."""
+    from tasks.rl.selection import choose_init
+
+    probes = [rd.read("probe", p.name) for p in sorted((rd.path / "probe").glob("shard-*.json"))]
+    choice = choose_init(probes, settings.grpo.init_fallback_below)
+    rd.write(choice, "init.json")
+    if choice["alias"] == "champion":
+        return champion_dir(settings, rd)
+    log.warning("GRPO starts from %s, not the champion: %s", choice["alias"], choice["reason"])
+    path = fallback_dir(settings, rd, choice["alias"])
+    if path is None:  # the probes saw it: only a registry changed meanwhile gets here
+        raise RuntimeError(f"grpo.init_fallback: {choice['alias']} is no longer in the registry; rerun the run")
+    return path
 
 
 def sft_champion(settings: Settings, out_dir: str | Path) -> dict:

@@ -171,6 +171,8 @@ def collect_summary(settings: Settings, rd: RunDir) -> RunSummary:
         training={
             **metrics_digest(rd.path / "grpo" / "metrics.jsonl"),
             **({"resumed_from": r} if (r := (rd.read("grpo_job.json") or {}).get("resumed_from")) else {}),
+            # GRPO started from a grpo.init_fallback model, not the champion (tasks.stages.models.init_dir)
+            **({"init": i} if (i := rd.read("init.json") or {}).get("alias", "champion") != "champion" else {}),
         },
         promotion=promotion,
         # the champion the challenger was measured against: the alias moved from it, or (not promoted) it
@@ -211,6 +213,8 @@ def format_summary(summary: RunSummary) -> str:
         lines.append(
             f"  training resumed from run {r.get('run')} at step {r.get('step')} (same champion, toolsets, settings)"
         )
+    if summary.training and summary.training.get("init"):
+        lines.append(f"  GRPO started from {summary.training['init']['alias']}: {summary.training['init']['reason']}")
     if summary.overrides:
         lines.append("  changed by the run's params: " + ", ".join(f"{k}={v!r}" for k, v in summary.overrides.items()))
     sig = summary.signals

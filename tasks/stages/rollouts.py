@@ -10,6 +10,7 @@ A toolset is one version of the tool registry (its schemas); the model registry 
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from typing import TYPE_CHECKING, Any
@@ -154,7 +155,9 @@ def engine_namespace(settings: Settings, rd: RunDir) -> str:
 def probe_rollouts(settings: Settings, rd: RunDir, shard: int, num_shards: int) -> dict:
     """The champion's rollouts on one shard of the first training batch (target toolset): they check the
     rollout contract with GX and measure the starting reward before the update spends anything. Probe i
-    starts the run's engine i (kept for the GRPO job and the evals) while the run has one, else a temporary one."""
+    starts the run's engine i (kept for the GRPO job and the evals) while the run has one, else a temporary one.
+    Where the champion solves less than grpo.init_fallback_below of the shard's target tasks, the
+    grpo.init_fallback models run the same tasks too (what GRPO starts from: tasks.stages.models.init_dir)."""
     t0 = time.time()
     connect(settings, rd)
     import ray
@@ -163,15 +166,19 @@ def probe_rollouts(settings: Settings, rd: RunDir, shard: int, num_shards: int) 
     from tasks.data.checks import check_rollouts
     from tasks.rl.rollout import RolloutPool, start_rollout_actors
     from tasks.rl.train import training_tasks
-    from tasks.stages.models import champion_dir
+    from tasks.rl.update import guard_count
+    from tasks.stages.models import champion_dir, fallback_dir
     from tasks.stages.signals import with_production_tasks
 
     settings = with_production_tasks(settings, rd)  # the first batch of the GRPO job, as it will draw it
     one = settings.model_copy(update={"rollout": settings.rollout.model_copy(update={"num_workers": 1})})
     champ = champion_dir(settings, rd)
     kept = shard < settings.rollout.num_workers
+    first = training_tasks(settings, 0)
+    target_ids = {t.task_id for t in first[: settings.grpo.tasks_per_step - guard_count(settings.grpo)]}
+    fallbacks: dict[str, dict] = {}
     try:
-        tasks = training_tasks(settings, 0)[shard::num_shards]
+        tasks = first[shard::num_shards]
         actors = start_rollout_actors(
             champ, settings, indices=[shard], namespace=engine_namespace(settings, rd) if kept else None
         )
@@ -180,6 +187,26 @@ def probe_rollouts(settings: Settings, rd: RunDir, shard: int, num_shards: int) 
         records = pool.run_batch(
             tasks, settings.rollout.group_size, rd.path / "probe" / f"shard-{shard}", seed=settings.grpo.seed + shard
         )
+        solved = sum(r["success"] for r in records if r["task_id"] in target_ids)
+        if solved < settings.grpo.init_fallback_below * sum(r["task_id"] in target_ids for r in records):
+            # too little to learn from: the same tasks by the models GRPO may start from instead (models.init_dir)
+            for alias in settings.grpo.init_fallback:
+                path = fallback_dir(settings, rd, alias)
+                if path is None:
+                    continue
+                pool.load_weights(load_file(path / "model.safetensors"), version=0)
+                tried = pool.run_batch(
+                    tasks,
+                    settings.rollout.group_size,
+                    rd.path / "probe" / f"shard-{shard}-{alias}",
+                    seed=settings.grpo.seed + shard,
+                )
+                version = json.loads(path.with_name(path.name + ".json").read_text())["version"]
+                fallbacks[alias] = {
+                    "version": version,
+                    "target_successes": sum(r["success"] for r in tried if r["task_id"] in target_ids),
+                }
+                log.info("probe shard %d: %s v%s solves %s", shard, alias, version, fallbacks[alias])
         pids = pool.engine_pids()
         if not kept:
             pool.shutdown()
@@ -196,6 +223,9 @@ def probe_rollouts(settings: Settings, rd: RunDir, shard: int, num_shards: int) 
         "success_rate": sum(r["success"] for r in records) / len(records),
         "mean_reward": sum(r["reward"] for r in records) / len(records),
         "tokens": int(sum(len(r.get("completion_ids") or []) for r in records)),
+        "target_episodes": sum(r["task_id"] in target_ids for r in records),
+        "target_successes": sum(r["success"] for r in records if r["task_id"] in target_ids),
+        "fallbacks": fallbacks,
     }
     rd.record_timing(
         f"probe_rollouts_{shard}",

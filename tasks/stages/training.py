@@ -30,9 +30,10 @@ RESUMED_FILES = ("checkpoints", "metrics.jsonl", "validation.jsonl", "rollouts")
 
 
 def resume_key(settings: Settings, rd: RunDir) -> str:
-    """What a run's GRPO checkpoints depend on: the champion's version, the target toolset (its hash label,
-    not its run-specific pinned path), the tasks from production it draws from (their content), and the
-    settings of the model, environment, rollouts and GRPO. Two runs with one key train the same thing."""
+    """What a run's GRPO checkpoints depend on: the champion's version (and that of a fallback it starts from),
+    the target toolset (its hash label, not its run-specific pinned path), the tasks from production it draws
+    from (their content), and the settings of the model, environment, rollouts and GRPO. Two runs with one key
+    train the same thing."""
     import hashlib
     import json
 
@@ -42,6 +43,7 @@ def resume_key(settings: Settings, rd: RunDir) -> str:
     production = Path(g.production_tasks) if g.production_share and g.production_tasks else None
     doc = {
         "champion": (rd.read("champion.json") or {}).get("version"),
+        "init": (rd.read("init.json") or {}).get("version"),  # a fallback's version when GRPO starts from one
         "toolsets": [
             toolset_label(t, settings.env.name) for t in (settings.env.target_toolset, settings.env.champion_toolset)
         ],
@@ -123,15 +125,16 @@ def _pull_failed_trainings(rd: RunDir, key: str) -> None:
 
 
 def grpo_command(settings: Settings, rd: RunDir, fail_training_at_step: int | None = None) -> dict:
-    """The Ray job's entrypoint and environment: GRPO from this run's champion against the target toolset.
+    """The Ray job's entrypoint and environment: GRPO from this run's champion (or the grpo.init_fallback model
+    the probes chose) against the target toolset.
     The driver gets the cluster's address in its settings and the auth token in its environment (a job
     driver does not inherit the head's environment). The run's
     `fail_training_at_step` param (a failure drill) makes the job raise at that step."""
-    from tasks.stages.models import champion_dir
+    from tasks.stages.models import init_dir
     from tasks.stages.rollouts import cluster_of, engine_namespace
 
     info = cluster_of(rd)
-    champ = champion_dir(settings, rd)
+    champ = init_dir(settings, rd)  # the champion, or the fallback the probes chose
     # `auto` inside a KubeRay job; a local head's own address (`auto` may resolve to another interface)
     address = info.address if info.backend == "local" else "auto"
     from tasks.stages.signals import with_production_tasks

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tasks.rl.selection import challenger_step, choose_checkpoint, validation_score
+from tasks.rl.selection import challenger_step, choose_checkpoint, choose_init, validation_score
 
 
 def _row(step, target, guard):
@@ -94,3 +94,32 @@ def test_finish_puts_the_chosen_checkpoints_weights_into_the_model(tmp_path):
     assert all(torch.equal(v, weights[2][k]) for k, v in model.state_dict().items())
     saved = json.loads((tmp_path / "selection.json").read_text())
     assert (saved["step"], saved["last_step"]) == (2, 6) and [r["step"] for r in saved["rows"]] == [0, 2, 4, 6]
+
+
+def _probe(successes, episodes=32, **fallbacks):
+    """One probe shard: the champion's target successes, and {alias: successes} of the fallbacks it ran."""
+    return {
+        "target_successes": successes,
+        "target_episodes": episodes,
+        "fallbacks": {a: {"version": "1", "target_successes": n} for a, n in fallbacks.items()},
+    }
+
+
+def test_init_is_the_champion_while_it_solves_enough_to_learn_from():
+    choice = choose_init([_probe(2, previous=20), _probe(2, previous=20)], below=0.05)
+    assert choice["alias"] == "champion" and choice["success_rate"] == pytest.approx(4 / 64)
+
+
+def test_init_falls_back_to_the_model_that_solves_most_below_the_bar():
+    choice = choose_init([_probe(0, previous=5, older=10), _probe(1, previous=6, older=2)], below=0.05)
+    assert choice["alias"] == "older" and choice["version"] == "1"
+    assert choice["success_rate"] == pytest.approx(12 / 64) and choice["champion_success_rate"] == pytest.approx(1 / 64)
+
+
+def test_init_keeps_the_champion_when_no_fallback_solves_more_or_ran_everywhere():
+    assert choose_init([_probe(1, previous=1), _probe(0, previous=0)], below=0.05)["alias"] == "champion"
+    # a fallback probed on one shard only (the other shard's champion was above the bar there) is not compared
+    assert choose_init([_probe(0, previous=30), _probe(3)], below=0.05)["alias"] == "champion"
+    assert choose_init([], below=0.05)["alias"] == "champion"
+    # ties between fallbacks go to the first listed
+    assert choose_init([_probe(0, a=4, b=4)], below=0.05)["alias"] == "a"

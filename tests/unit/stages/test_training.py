@@ -145,3 +145,33 @@ def test_a_new_run_resumes_from_the_newest_checkpoint_of_a_failed_run_with_the_s
     fresh = RunDir.for_run(settings, "continuous_post_training", "manual__fresh")
     fresh.write({"version": "5"}, "champion.json")
     assert adopt_checkpoints(settings, fresh) is None and not (fresh.path / "grpo" / "checkpoints").exists()
+
+
+def test_grpo_starts_from_the_previous_champion_only_when_the_champion_gives_nothing_to_learn(tmp_path):
+    from tasks.promotion.registry import ModelRegistry
+    from tasks.stages.report import tracker_of
+
+    settings, rd = _run(tmp_path, ClusterInfo(backend="local", address="10.0.0.5:6390"))
+    tracker, registry = tracker_of(settings), ModelRegistry(settings.promotion.model_name)
+    for version in ("v1", "v2"):  # v1 champion, then v2 promoted over it: previous = v1
+        model = tmp_path / version
+        model.mkdir()
+        (model / "config.json").write_text(json.dumps({"marker": version}))
+        with tracker.pipeline_run(version) as run:
+            tracker.log_artifacts(model, "model")
+        registry.promote(registry.register(run.info.run_id, "model", run_key=version), run_key=version)
+
+    def probes(champion, previous):
+        for shard in (0, 1):
+            fallbacks = {"previous": {"version": "1", "target_successes": previous}} if previous is not None else {}
+            probe = {"target_episodes": 32, "target_successes": champion, "fallbacks": fallbacks}
+            rd.write(probe, "probe", f"shard-{shard}.json")
+        return Path(_arg(shlex.split(grpo_command(settings, rd)["entrypoint"]), "--init"))
+
+    # the champion solves 2 in 64 of its first batch (< grpo.init_fallback_below) and previous 10: previous
+    init = probes(1, 5)
+    assert init == rd.path / "init" / "previous"
+    assert json.loads((init / "config.json").read_text()) == {"marker": "v1"}
+    assert rd.read("init.json")["alias"] == "previous" and rd.read("init.json")["version"] == "1"
+    # above the bar the champion stays, whatever the fallbacks would solve
+    assert probes(4, None) == rd.path / "champion" and rd.read("init.json")["alias"] == "champion"
