@@ -7,9 +7,8 @@ night, promote through the gate; Evergreen (the drift monitor and tool diff deci
 and its cost threshold what ships). Each day's traffic is the deployed model's episodes through vLLM; each
 retrain is a real continuous_post_training run through the same stage functions, its alias moved in a
 throwaway MLflow registry per policy. One task per day (`day_01.timeline_day` ...), so progress shows per day in
-the grid;
-`timeline_report` writes the table and the chart (`timeline/report.md`, `timeline/timeline.png` in the run's
-directory) even when a day failed. Manual only. `python -m tasks timeline` runs the same without Airflow.
+the grid; `timeline_report` writes the table and the chart (`timeline/report.md`, `timeline/timeline.png` in the
+run's directory) even when a day failed. Manual only. `python -m tasks timeline` runs the same without Airflow.
 """
 
 from __future__ import annotations

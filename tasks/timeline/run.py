@@ -85,8 +85,8 @@ class Timeline:
     # ------------------------------------------------------------ settings and state per policy
 
     def policy_settings(self, policy: str, day: Day) -> Settings:
-        """The settings of the policy's runs on `day`: the retrain overrides, production's toolset as the target,
-        the policy's own run directory, traces and (throwaway) MLflow registry."""
+        """The settings of the policy's runs on `day`: the retrain overrides, the day's GRPO seed, production's
+        toolset as the target, the policy's own run directory, traces and (throwaway) MLflow registry."""
         from tasks.config import Settings, nest
 
         root = self.out / policy
@@ -99,6 +99,9 @@ class Timeline:
             )
         return base.model_copy(
             update={
+                # a night's run draws its own tasks and samples (the same for every policy that night): with one
+                # seed all month, a retrain refused on Monday would be the same run, refused again, on Tuesday
+                "grpo": base.grpo.model_copy(update={"seed": base.grpo.seed + day.index}),
                 "run_dir": str(root / "runs"),
                 # production serves one toolset: the gate judges it, and nothing older is guarded
                 "env": base.env.model_copy(update={"target_toolset": day.toolset, "champion_toolset": day.toolset}),
