@@ -247,7 +247,10 @@ def connect(settings: Settings, **init_kwargs: Any) -> Any:
     level, handlers = root.level, list(root.handlers)
     try:
         if settings.ray.address:
-            os.environ["RAY_ADDRESS"] = settings.ray.address  # Ray Train's helpers resolve the cluster by it
+            # Ray Train's helpers resolve the cluster by RAY_ADDRESS, in this driver and in its controller actor
+            # (whose placement-group cleaner dies with "Found multiple active Ray instances" beside a second head)
+            os.environ["RAY_ADDRESS"] = settings.ray.address
+            env["runtime_env"]["env_vars"]["RAY_ADDRESS"] = settings.ray.address
             return ray.init(address=settings.ray.address, log_to_driver=True, **env, **init_kwargs)
         return ray.init(
             num_cpus=settings.ray.num_cpus or os.cpu_count(),

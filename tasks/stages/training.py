@@ -170,10 +170,6 @@ def grpo_command(settings: Settings, rd: RunDir, fail_training_at_step: int | No
     resumed = adopt_checkpoints(job_settings, rd)
     rd.write({"started": time.time(), "resumed_from": resumed}, "grpo_job.json")
     env = {"RAY_TRAIN_V2_ENABLED": "1", **info.env}
-    if info.backend == "local":
-        # Ray Train's placement-group cleaner finds its cluster by RAY_ADDRESS, and dies ("Found multiple active
-        # Ray instances") where several heads run on one machine (a timeline beside a DAG run)
-        env["RAY_ADDRESS"] = address
     return {"entrypoint": shlex.join(args), "env_vars": env}
 
 
