@@ -27,6 +27,9 @@ MONTH = {
         "grpo.checkpoint_every": 1,
         "grpo.validation_tasks": 0,
         "grpo.demo_coef": 0.0,
+        # every run probes its fallback (`previous`, once a promotion has made one): the path that lets a retrain
+        # start from an older champion, at the cost of one more probe batch of 4 x 2 episodes
+        "grpo.init_fallback_below": 1.0,
         "rollout.group_size": 2,
         "eval.num_tasks": 10,
         "eval.samples": 1,
@@ -83,6 +86,13 @@ def test_a_three_day_month_runs_every_policy_and_reports_it(tmp_path):
     assert [r["retrained"] for r in nightly] == [True, True, True]
     assert [r["run_status"] for r in nightly] == ["promoted", "promoted", "failed"]  # no gate: whatever it said
     assert "forced" in " ".join(nightly[0]["gate"]) and nightly[1]["deployed_version"] != nightly[0]["deployed_version"]
+    # day 1's run probed the champion before day 0's promotion (`previous`) on the same tasks, and trained from
+    # whichever solved more of them
+    run = out / "nightly" / "runs" / "continuous_post_training" / "timeline__day-01"
+    probes = [json.loads(f.read_text()) for f in sorted((run / "probe").glob("shard-*.json"))]
+    assert probes and all(p["fallbacks"]["previous"]["version"] == "1" for p in probes)
+    init = json.loads((run / "init.json").read_text())
+    assert init["alias"] in ("champion", "previous") and init["reason"]
     # evergreen: nothing to do on a quiet day, a retrain on the breaking change, none on malformed traffic
     ev = [days[d]["evergreen"] for d in range(3)]
     assert [r["retrained"] for r in ev[:2]] == [False, True]
