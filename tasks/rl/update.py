@@ -10,6 +10,10 @@ The departures from the textbook are in tasks/rl/train.py's docstring (the loop 
 
 from __future__ import annotations
 
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 import torch
@@ -77,6 +81,19 @@ def rank_groups(records: list[dict], indices: list[int], world: int) -> list[lis
     return [sorted(o) for o in out]
 
 
+@contextmanager
+def _phase(seconds: defaultdict[str, float], name: str, device: torch.device) -> Iterator[None]:
+    """Adds the block's wall time to seconds[name]; on a GPU its queued kernels are finished first, so each
+    phase is charged its own work (the synchronisation costs a little on a GPU, nothing on the CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    yield
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    seconds[name] += time.perf_counter() - t0
+
+
 def _completion_tokens(record: dict) -> int:
     """Tokens that carry loss: the model's own, as pad_batch's shifted mask counts them (never the first)."""
     return sum(([0] * len(record["prompt_ids"]) + record["completion_mask"])[1:])
@@ -141,6 +158,10 @@ def grpo_step(
     groups = sorted({_group_key(records[i]) for i in in_loss})
     minibatch_of = {k: n % g.minibatches for n, k in enumerate(groups)}
     device = next(model.parameters()).device
+    # where the update's time goes (update_<phase>_s): the batch's tensors, the no-grad log-probabilities (old and
+    # reference), the policy forward with its loss, backward, demonstrations, and the optimizer step with the
+    # gradient all-reduce and clipping
+    seconds: defaultdict[str, float] = defaultdict(float)
     plan = []  # per minibatch: its global token counts and this rank's micro-batches
     for k in range(g.minibatches):
         members = [i for i in in_loss if minibatch_of[_group_key(records[i])] == k]
@@ -152,11 +173,12 @@ def grpo_step(
         for mb in _micro_batches(mine, records, g.micro_batch_tokens):
             seqs = [records[i]["prompt_ids"] + records[i]["completion_ids"] for i in mb]
             masks = [[0] * len(records[i]["prompt_ids"]) + records[i]["completion_mask"] for i in mb]
-            ids, attn, loss_mask = pad_batch(seqs, masks, pad_id, device)
-            engine = pad_values(
-                [[0.0] * len(records[i]["prompt_ids"]) + records[i]["logprobs"] for i in mb], ids.shape[1], device
-            )
-            with torch.no_grad():
+            with _phase(seconds, "batch", device):
+                ids, attn, loss_mask = pad_batch(seqs, masks, pad_id, device)
+                engine = pad_values(
+                    [[0.0] * len(records[i]["prompt_ids"]) + records[i]["logprobs"] for i in mb], ids.shape[1], device
+                )
+            with torch.no_grad(), _phase(seconds, "logprobs", device):
                 # one optimizer step per batch: the policy that sampled is the one being trained, so the "old"
                 # log-probabilities are the training forward's own, detached (ratio 1, the gradient of the
                 # surrogate unchanged); a separate pass is needed only when earlier minibatches move the weights
@@ -195,24 +217,26 @@ def grpo_step(
     for pg_tokens, kl_tokens, batches in plan:
         optimizer.zero_grad(set_to_none=True)
         for ids, attn, loss_mask, old, ref, a, kl, engine in batches:
-            logp = sequence_token_logprobs(model, ids, attn, temperature)
-            old = logp.detach() if old is None else old
-            # the loss mask is exactly the tokens the engine sampled, whose log-probabilities it reported
-            weights = truncated_is_weights(old, engine, loss_mask, g.engine_is_cap) if g.engine_is_cap else None
-            loss, stats = clipped_policy_loss(
-                logp,
-                old,
-                a,
-                loss_mask,
-                g.eps_low,
-                g.eps_high,
-                ref,
-                kl,
-                pg_tokens=pg_tokens,
-                kl_tokens=kl_tokens,
-                is_weights=weights,
-            )
-            loss.backward()
+            with _phase(seconds, "forward", device):
+                logp = sequence_token_logprobs(model, ids, attn, temperature)
+                old = logp.detach() if old is None else old
+                # the loss mask is exactly the tokens the engine sampled, whose log-probabilities it reported
+                weights = truncated_is_weights(old, engine, loss_mask, g.engine_is_cap) if g.engine_is_cap else None
+                loss, stats = clipped_policy_loss(
+                    logp,
+                    old,
+                    a,
+                    loss_mask,
+                    g.eps_low,
+                    g.eps_high,
+                    ref,
+                    kl,
+                    pg_tokens=pg_tokens,
+                    kl_tokens=kl_tokens,
+                    is_weights=weights,
+                )
+            with _phase(seconds, "backward", device):
+                loss.backward()
             gap = engine_gap(old, engine, loss_mask)
             sums["loss"] += loss.item()
             for key in ("pg_tokens", "kl_tokens", "kl_sum", "ratio_sum", "clip_low", "clip_high"):
@@ -222,16 +246,18 @@ def grpo_step(
             sums["gap_k3_sum"] += gap["k3_sum"]
             sums["gap_abs_max"] = max(sums["gap_abs_max"], gap["abs_max"])
         if my_demos:
-            demo_loss = demonstration_loss(model, my_demos, pad_id) * demo_share
-            (g.demo_coef * demo_loss).backward()
+            with _phase(seconds, "demos", device):
+                demo_loss = demonstration_loss(model, my_demos, pad_id) * demo_share
+                (g.demo_coef * demo_loss).backward()
             sums["demo_nll"] += demo_loss.item() / g.minibatches
-        if distributed:
-            for p in params:
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
-            _all_reduce([p.grad for p in params])
-        norms.append(float(torch.nn.utils.clip_grad_norm_(params, g.max_grad_norm)))
-        optimizer.step()
+        with _phase(seconds, "optimizer", device):
+            if distributed:
+                for p in params:
+                    if p.grad is None:
+                        p.grad = torch.zeros_like(p)
+                _all_reduce([p.grad for p in params])
+            norms.append(float(torch.nn.utils.clip_grad_norm_(params, g.max_grad_norm)))
+            optimizer.step()
     model.eval()
     if distributed:
         totals = torch.tensor([sums[k] for k in names], dtype=torch.float64)
@@ -259,4 +285,5 @@ def grpo_step(
     )
     if my_demos is not None:
         metrics["demo_nll"] = sums["demo_nll"]
+    metrics.update({f"update_{phase}_s": t for phase, t in seconds.items()})  # this rank's, not reduced
     return metrics

@@ -139,6 +139,10 @@ def test_demonstration_term_joins_the_update_with_its_weight():
     off, m_off = updated(demo_coef=0.0)
     mixed, m_mix = updated(demo_coef=1.0)
     assert "demo_nll" not in m0 and "demo_nll" not in m_off and m_mix["demo_nll"] > 0
+    # where the update's time went: each phase that ran, and only those (no reference model here)
+    phases = {k for k in m_mix if k.startswith("update_") and k.endswith("_s")}
+    assert phases == {f"update_{p}_s" for p in ("batch", "logprobs", "forward", "backward", "demos", "optimizer")}
+    assert all(m_mix[k] > 0 for k in phases) and "update_demos_s" not in m_off
     assert all(torch.equal(p, q) for p, q in zip(plain.parameters(), off.parameters(), strict=True))
     # SGD: the mixed update is the plain one plus lr * the demonstrations' gradient
     moved = sum(float((p - q).abs().sum()) for p, q in zip(mixed.parameters(), plain.parameters(), strict=True))
