@@ -6,7 +6,9 @@
 - Rollouts on the multi-turn desk environment (registry v2), same model, same tasks, same sampling:
   vLLM (continuous batching across turns, in-process engine) against Hugging Face `generate` batched
   per turn. Keys: vllm_/hf_ episodes_per_s and tokens_per_s, and their ratio.
-- One GRPO update on the vLLM batch (grpo_step_s).
+- One GRPO update on the vLLM batch (grpo_step_s), phase by phase (step_breakdown_s: the rollout, the update's
+  batch tensors, no-grad log-probabilities, forward, backward, demonstrations, optimizer, and the sync), beside
+  the compute limit (compute_limit_s); `python bench/step_chart.py <json line> <png>` draws it.
 - A weight sync into the engine beside one memcpy of the same bytes (weight_sync_s, memcpy_s): the
   default path (a broadcast from the trainer through vLLM's weight-transfer API, its gloo backend;
   weight_sync_collective_s) and the object-store path's reload (`collective_rpc("reload_weights")`,
@@ -208,6 +210,14 @@ def main() -> None:
         "device_copy_GBps": device_copy_gbps,
         "device": args.device,
         "threads": torch.get_num_threads(),
+    }
+    # one synchronous step, phase by phase (bench/step_chart.py draws it beside the compute limit)
+    phases = {k.removeprefix("update_").removesuffix("_s"): v for k, v in m.items() if k.startswith("update_")}
+    out["step_breakdown_s"] = {
+        "rollout": v_s,
+        **phases,
+        "update_other": max(grpo_s - sum(phases.values()), 0.0),  # advantages, metrics, the rest of grpo_step
+        "weight_sync": sync_s,
     }
     print(json.dumps(out))
 
