@@ -73,17 +73,13 @@ def champion_dir(settings: Settings, rd: RunDir) -> Path:
 def fallback_dir(settings: Settings, rd: RunDir, alias: str) -> Path | None:
     """The model under a grpo.init_fallback `alias` (<rd>/init/<alias>), or None when no version holds it or it
     is the run's champion (nothing else to try)."""
-    from mlflow import MlflowClient
-
+    from tasks.promotion.registry import ModelRegistry
     from tasks.stages.report import tracker_of
 
     tracker_of(settings)
-    try:
-        version = MlflowClient().get_model_version_by_alias(settings.promotion.model_name, alias).version
-    except Exception:  # the alias was never set (no promotion yet): nothing to fall back to
-        return None
+    version = ModelRegistry(settings.promotion.model_name).version_of(alias)  # None: never set (no promotion yet)
     champion_dir(settings, rd)  # the run's champion, and its version in <rd>/champion.json
-    if str(version) == str((rd.read("champion.json") or {}).get("version")):
+    if version is None or version == str((rd.read("champion.json") or {}).get("version")):
         return None
     return fetch_champion(settings, rd.path / "init" / alias, alias=alias)
 

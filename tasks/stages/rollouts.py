@@ -187,8 +187,8 @@ def probe_rollouts(settings: Settings, rd: RunDir, shard: int, num_shards: int) 
         records = pool.run_batch(
             tasks, settings.rollout.group_size, rd.path / "probe" / f"shard-{shard}", seed=settings.grpo.seed + shard
         )
-        solved = sum(r["success"] for r in records if r["task_id"] in target_ids)
-        if solved < settings.grpo.init_fallback_below * sum(r["task_id"] in target_ids for r in records):
+        target = [r for r in records if r["task_id"] in target_ids]
+        if sum(r["success"] for r in target) < settings.grpo.init_fallback_below * len(target):
             # too little to learn from: the same tasks by the models GRPO may start from instead (models.init_dir)
             for alias in settings.grpo.init_fallback:
                 path = fallback_dir(settings, rd, alias)
@@ -223,8 +223,8 @@ def probe_rollouts(settings: Settings, rd: RunDir, shard: int, num_shards: int) 
         "success_rate": sum(r["success"] for r in records) / len(records),
         "mean_reward": sum(r["reward"] for r in records) / len(records),
         "tokens": int(sum(len(r.get("completion_ids") or []) for r in records)),
-        "target_episodes": sum(r["task_id"] in target_ids for r in records),
-        "target_successes": sum(r["success"] for r in records if r["task_id"] in target_ids),
+        "target_episodes": len(target),
+        "target_successes": sum(r["success"] for r in target),
         "fallbacks": fallbacks,
     }
     rd.record_timing(
