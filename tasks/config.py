@@ -42,13 +42,15 @@ from tasks.config_deployment import (
     TimelineSettings,
     TrackingSettings,
 )
+from tasks.config_grpo import (
+    GRPOSettings,
+    LoraSettings,  # noqa: F401 (re-exported: callers import the sections from here)
+)
 from tasks.config_sections import (
     PROJECT_ROOT,
     BootstrapSettings,
     EnvSettings,
     EvalSettings,
-    GRPOSettings,
-    LoraSettings,  # noqa: F401 (re-exported: callers import the sections from here)
     ModelSettings,
     ProjectPath,
     ProjectUri,

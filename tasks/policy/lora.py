@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     import torch
     from peft import PeftModel
 
-    from tasks.config_sections import LoraSettings
+    from tasks.config_grpo import LoraSettings
 
 # vLLM's accepted `max_lora_rank` values (vllm/config/lora.py): an engine is built with the smallest one
 # that holds the adapter's rank

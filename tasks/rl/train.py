@@ -46,7 +46,7 @@ from tasks.rl.update import grpo_step, guard_count
 
 if TYPE_CHECKING:
     from tasks.config import Settings
-    from tasks.config_sections import GRPOSettings
+    from tasks.config_grpo import GRPOSettings
     from tasks.envs import Environment
     from tasks.envs.base import Task
     from tasks.rl.rollout import RolloutPool

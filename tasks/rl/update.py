@@ -32,7 +32,7 @@ from tasks.rl.grpo import (
 
 if TYPE_CHECKING:
     from tasks.config import Settings
-    from tasks.config_sections import GRPOSettings
+    from tasks.config_grpo import GRPOSettings
     from tasks.policy.lora import BaseOf
 
 
